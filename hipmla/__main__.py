@@ -1,0 +1,5 @@
+import sys
+
+from hipmla.cli import main
+
+sys.exit(main())

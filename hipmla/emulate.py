@@ -1,0 +1,131 @@
+"""numpy model of the device kernels' numerics (hip_src/KERNELS.md, "Numerics").
+
+It follows the kernels' rounding points — Q quantized as the kernel does, scores in
+f32, the running max per tile of ``TILE_TOKENS``, P rounded to bf16, f32 accumulation,
+one partial per work item of the same ``DecodePlan`` the device runs, the LSE merge of
+the combine kernel, bf16 output rounded nearest-even — so device output can be compared
+against it tightly. What it does not model is the order of f32 summation inside a dot
+product; scores are formed in f64 and rounded once to f32, the closest any order gets.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from hipmla.formats import FP8_VARIANTS, KVCache, mx_fake_quantize, to_bf16
+from hipmla.plan import DecodePlan
+from hipmla.reference import D_V, check_kv, check_q
+from hipmla.validate import check_choice, check_positive_finite
+
+TILE_TOKENS = 64
+Q_PRECISIONS = ("bf16", "fp8", "mxfp4")
+LOG2E = np.float32(1.4426950408889634)
+LN2 = np.float32(0.6931471805599453)
+
+
+@dataclass(frozen=True)
+class Partial:
+    """One work item's state: unnormalised ``acc (h, d_v)``, running max ``m (h)`` in
+    log2 units and sum ``l (h)``, all f32 (the kernels' scratch layout)."""
+
+    acc: np.ndarray
+    m: np.ndarray
+    l: np.ndarray
+
+
+def quantize_q(q: np.ndarray, q_precision: str, fp8_variant: str = "e4m3fn") -> np.ndarray:
+    """Q as the kernel sees it after its own quantization (f32 values)."""
+    check_choice(q_precision, "q_precision", Q_PRECISIONS)
+    if q_precision == "bf16":
+        return np.asarray(q, dtype=np.float32)
+    element = "e2m1" if q_precision == "mxfp4" else check_choice(fp8_variant, "fp8_variant", FP8_VARIANTS)
+    return mx_fake_quantize(q, element, rule="floor")
+
+
+def emulate_work_item(
+    qf: np.ndarray, k: np.ndarray, scale_log2: np.float32, tile: int = TILE_TOKENS, d_v: int = D_V
+) -> Partial:
+    """Online softmax over ``k (n, 576)`` (f32 values) in tiles, for all heads of ``qf``."""
+    heads = qf.shape[0]
+    n = k.shape[0]
+    if n == 0:
+        return Partial(
+            np.zeros((heads, d_v), np.float32),
+            np.full(heads, -np.inf, np.float32),
+            np.zeros(heads, np.float32),
+        )
+    s = ((qf.astype(np.float64) @ k.T.astype(np.float64)).astype(np.float32) * scale_log2).astype(np.float32)
+    n_tiles = -(-n // tile)
+    pad = n_tiles * tile - n
+    tile_max = np.pad(s, ((0, 0), (0, pad)), constant_values=-np.inf).reshape(heads, n_tiles, tile).max(axis=2)
+    m_run = np.maximum.accumulate(tile_max, axis=1)  # running max after each tile
+    m_tok = np.repeat(m_run, tile, axis=1)[:, :n]
+    p = to_bf16(np.exp2(s - m_tok)).astype(np.float32)
+    m_final = m_run[:, -1:]
+    # Rescaling by alpha at every later tile telescopes to one factor per tile.
+    w_tile = np.exp2(m_run - m_final).astype(np.float32)
+    w_tok = np.repeat(w_tile, tile, axis=1)[:, :n]
+    pw = p * w_tok
+    l = pw.sum(axis=1, dtype=np.float32)
+    acc = (pw @ k[:, :d_v]).astype(np.float32)
+    return Partial(acc, m_final[:, 0].astype(np.float32), l)
+
+
+def finalize(acc: np.ndarray, m: np.ndarray, l: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """bf16 output and natural-log LSE from one (merged) state; empty gives 0 and -inf."""
+    empty = l <= 0
+    denom = np.where(empty, np.float32(1), l)
+    out = np.where(empty[..., None], np.float32(0), acc / denom[..., None])
+    lse = np.where(empty, -np.inf, (m + np.log2(denom)) * LN2).astype(np.float32)
+    return to_bf16(out), lse
+
+
+def combine(parts: list[Partial]) -> tuple[np.ndarray, np.ndarray]:
+    """The combine kernel: merge partials by their running max, then finalize."""
+    m = np.stack([p.m for p in parts])
+    big_m = m.max(axis=0)
+    safe = np.where(np.isneginf(big_m), np.float32(0), big_m)
+    w = np.exp2(m - safe).astype(np.float32)
+    l = (w * np.stack([p.l for p in parts])).sum(axis=0, dtype=np.float32)
+    acc = (w[..., None] * np.stack([p.acc for p in parts])).sum(axis=0, dtype=np.float32)
+    return finalize(acc, big_m, l)
+
+
+def emulate_decode(
+    q,
+    kv: KVCache,
+    plan: DecodePlan,
+    sm_scale: float,
+    *,
+    q_precision: str = "bf16",
+    seqs=None,
+    tile_tokens: int = TILE_TOKENS,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Predicted device output ``(n, h, 512)`` bf16 and LSE ``(n, h)`` f32 for the
+    sequences ``seqs`` (default all) under ``plan``."""
+    indptr = plan.kv_indptr
+    qf = check_q(q, batch=plan.batch)
+    check_kv(kv, indptr)
+    scale_log2 = np.float32(np.float32(check_positive_finite(sm_scale, "sm_scale")) * LOG2E)
+    qq = quantize_q(qf, q_precision, kv.fp8_variant)
+    sel = np.arange(plan.batch) if seqs is None else np.asarray(seqs, dtype=np.int64)
+    wanted = np.zeros(plan.batch, dtype=bool)
+    wanted[sel] = True
+    parts: dict[int, list[tuple[int, Partial]]] = {int(b): [] for b in sel}
+    for seq, t0, t1, _slot in plan.work:
+        if not wanted[seq]:
+            continue
+        r0 = int(indptr[seq])
+        k = kv.dequantize(slice(r0 + int(t0), r0 + int(t1)))
+        parts[int(seq)].append((int(t0), emulate_work_item(qq[seq], k, scale_log2, tile_tokens)))
+    out = np.empty((sel.size, qf.shape[1], D_V), dtype=to_bf16(0).dtype)
+    lse = np.empty((sel.size, qf.shape[1]), dtype=np.float32)
+    for i, b in enumerate(sel):
+        items = [p for _, p in sorted(parts[int(b)], key=lambda t: t[0])]
+        if len(items) == 1:
+            out[i], lse[i] = finalize(items[0].acc, items[0].m, items[0].l)
+        else:
+            out[i], lse[i] = combine(items)
+    return out, lse

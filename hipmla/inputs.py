@@ -1,0 +1,106 @@
+"""Seeded decode inputs: the 8 benchmark shapes and ragged serving-like batches."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import ml_dtypes
+import numpy as np
+
+from hipmla.formats import KV_FORMATS, KVCache, default_scale_stride, quantize_kv
+from hipmla.plan import indptr_from_lengths
+from hipmla.validate import check_choice
+
+HEADS = 16
+D_QK = 576
+BENCH_BATCH_SIZES = (4, 32, 64, 256)
+BENCH_KV_LENS = (1024, 8192)
+#: The benchmark's softmax scale. Models use their own (DeepSeek: 1/sqrt(192) * yarn).
+BENCH_SM_SCALE = 1.0 / math.sqrt(D_QK)
+_GEN_ROWS = 1 << 13  # rows generated and quantized at a time
+
+
+@dataclass(frozen=True)
+class Shape:
+    batch: int
+    kv_len: int
+
+    @property
+    def name(self) -> str:
+        k = f"{self.kv_len // 1024}k" if self.kv_len % 1024 == 0 else str(self.kv_len)
+        return f"{self.batch}x{k}"
+
+    @property
+    def seq_lens(self) -> np.ndarray:
+        return np.full(self.batch, self.kv_len, dtype=np.int64)
+
+
+def benchmark_shapes() -> list[Shape]:
+    return [Shape(b, n) for b in BENCH_BATCH_SIZES for n in BENCH_KV_LENS]
+
+
+@dataclass(frozen=True)
+class DecodeInputs:
+    q: np.ndarray  # (b, h, 576) bfloat16
+    kv: KVCache
+    kv_indptr: np.ndarray  # (b + 1,) int32
+    sm_scale: float
+
+    @property
+    def batch(self) -> int:
+        return int(self.kv_indptr.shape[0] - 1)
+
+    @property
+    def seq_lens(self) -> np.ndarray:
+        return np.diff(self.kv_indptr).astype(np.int64)
+
+
+def make_inputs(
+    seq_lens,
+    kv_format: str,
+    *,
+    seed: int = 0,
+    heads: int = HEADS,
+    sm_scale: float = BENCH_SM_SCALE,
+    fp8_variant: str = "e4m3fn",
+    scale_stride: int | None = None,
+    rule: str = "even",
+) -> DecodeInputs:
+    """N(0,1) Q (bf16) and KV (quantized to ``kv_format``), reproducible from ``seed``.
+
+    The cache is generated and quantized in blocks of rows, so the f32 original of a
+    2M-row cache never exists in memory at once. The fp8 per-tensor scale is fixed at
+    8 / fp8_max, enough for N(0,1) data (amax about 6.2 over 1e9 samples) rather than
+    measured, for the same reason.
+    """
+    check_choice(kv_format, "kv_format", KV_FORMATS)
+    indptr = indptr_from_lengths(seq_lens)
+    rows = int(indptr[-1])
+    rng = np.random.default_rng(seed)
+    q = rng.standard_normal((indptr.shape[0] - 1, heads, D_QK), dtype=np.float32).astype(ml_dtypes.bfloat16)
+    if kv_format == "mxfp4" and scale_stride is None:
+        scale_stride = default_scale_stride(D_QK)
+    fp8_scale = 8.0 / (448.0 if fp8_variant == "e4m3fn" else 240.0)
+    parts = []
+    for r0 in range(0, max(rows, 1), _GEN_ROWS):
+        n = min(_GEN_ROWS, rows - r0)
+        x = rng.standard_normal((max(n, 0), D_QK), dtype=np.float32)
+        parts.append(quantize_kv(x, kv_format, rule=rule, scale_stride=scale_stride,
+                                 fp8_variant=fp8_variant, fp8_scale=fp8_scale))
+    data = np.concatenate([p.data for p in parts])
+    scales = np.concatenate([p.scales for p in parts]) if kv_format == "mxfp4" else None
+    kv = KVCache(kv_format, data, scales=scales, fp8_scale=parts[0].fp8_scale,
+                 fp8_variant=fp8_variant, dim=D_QK)
+    return DecodeInputs(q=q, kv=kv, kv_indptr=indptr, sm_scale=float(sm_scale))
+
+
+def random_seq_lens(rng: np.random.Generator, max_batch: int = 300, max_len: int = 20000) -> np.ndarray:
+    """A serving-like ragged batch: any size, lengths off every tile multiple, some
+    empty sequences, a few long ones."""
+    batch = int(rng.integers(1, max_batch + 1))
+    kind = rng.random(batch)
+    lens = rng.integers(0, max_len + 1, size=batch)
+    lens = np.where(kind < 0.1, 0, lens)  # empty
+    lens = np.where((kind >= 0.1) & (kind < 0.3), rng.integers(1, 200, size=batch), lens)  # short
+    return lens.astype(np.int64)

@@ -1,0 +1,111 @@
+"""Exact MLA decode on the host: the yardstick every kernel is measured against.
+
+Attention is computed in float64 over the *dequantized* cache (so it measures a
+kernel's arithmetic, not the cache format's loss), one query token per sequence:
+
+    out[b, h]  = softmax(sm_scale * q[b, h] . K_b^T) V_b      K_b = rows of sequence b (576 wide)
+    lse[b, h]  = ln(sum_j exp(sm_scale * q[b, h] . k_j))      natural log, float32
+
+V is the first ``d_v`` = 512 columns of the same rows. An empty sequence has no keys:
+its output is defined as zeros and its LSE as -inf (the identity of ``merge_states``).
+"""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+
+from hipmla.formats import KVCache
+from hipmla.validate import check_array, check_indptr, check_positive_finite
+
+D_QK = 576
+D_V = 512
+
+
+def check_q(q, name: str = "q", batch: int | None = None) -> np.ndarray:
+    """Q as (b, h_q, 576) bf16 (ml_dtypes) or float32; returns float32 values."""
+    check_array(q, name, ndim=3, contiguous=False)
+    if q.dtype != ml_dtypes.bfloat16 and q.dtype != np.float32:
+        raise TypeError(f"{name}: expected bfloat16 or float32, got {q.dtype}")
+    if q.shape[2] != D_QK:
+        raise ValueError(f"{name}: expected shape (batch, heads, {D_QK}), got {q.shape}")
+    if batch is not None and q.shape[0] != batch:
+        raise ValueError(
+            f"{name}: expected one query row per sequence ({batch} from kv_indptr), got {q.shape[0]}"
+        )
+    return q.astype(np.float32)
+
+
+def check_kv(kv, indptr: np.ndarray) -> KVCache:
+    if not isinstance(kv, KVCache):
+        raise TypeError(f"kv: expected a hipmla.formats.KVCache, got {type(kv).__name__}")
+    if kv.dim != D_QK:
+        raise ValueError(f"kv: expected rows of {D_QK} values, got {kv.dim}")
+    check_indptr(indptr, "kv_indptr", total_rows=kv.rows)
+    return kv
+
+
+def mla_decode_reference(
+    q,
+    kv: KVCache,
+    kv_indptr,
+    sm_scale: float,
+    *,
+    seqs=None,
+    d_v: int = D_V,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Exact decode. Returns ``out (n, h_q, d_v)`` float32 and ``lse (n, h_q)`` float32
+    (natural log) for the sequences ``seqs`` (default: all, n = batch)."""
+    indptr = check_indptr(kv_indptr, "kv_indptr")
+    batch = indptr.shape[0] - 1
+    qf = check_q(q, batch=batch)
+    check_kv(kv, indptr)
+    scale = check_positive_finite(sm_scale, "sm_scale")
+    sel = np.arange(batch) if seqs is None else np.asarray(seqs, dtype=np.int64)
+    if sel.size and (sel.min() < 0 or sel.max() >= batch):
+        raise ValueError(f"seqs: indices must lie in [0, {batch}), got {sel.min()}..{sel.max()}")
+    heads = qf.shape[1]
+    out = np.zeros((sel.size, heads, d_v), dtype=np.float32)
+    lse = np.full((sel.size, heads), -np.inf, dtype=np.float32)
+    for i, b in enumerate(sel):
+        r0, r1 = int(indptr[b]), int(indptr[b + 1])
+        if r1 == r0:
+            continue
+        k = kv.dequantize(slice(r0, r1)).astype(np.float64)
+        s = (qf[b].astype(np.float64) @ k.T) * scale  # (heads, n)
+        m = s.max(axis=1, keepdims=True)
+        e = np.exp(s - m)
+        denom = e.sum(axis=1, keepdims=True)
+        out[i] = (e @ k[:, :d_v]) / denom
+        lse[i] = (m + np.log(denom))[:, 0]
+    return out, lse
+
+
+def merge_states(
+    out_a: np.ndarray, lse_a: np.ndarray, out_b: np.ndarray, lse_b: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Combine two attentions over disjoint key sets by their natural-log LSE.
+
+    ``out_*`` (..., d) and ``lse_*`` (...). An empty side (LSE -inf) contributes nothing;
+    both empty gives zeros and -inf. Exact in float64, returned as float32.
+    """
+    for name, o, l in (("out_a", out_a, lse_a), ("out_b", out_b, lse_b)):
+        check_array(np.asarray(o), name, contiguous=False)
+        if np.shape(o)[:-1] != np.shape(l):
+            raise ValueError(f"{name}: leading shape {np.shape(o)[:-1]} must match its LSE shape {np.shape(l)}")
+    if np.shape(out_a) != np.shape(out_b):
+        raise ValueError(f"out_b: expected shape {np.shape(out_a)} like out_a, got {np.shape(out_b)}")
+    la = np.asarray(lse_a, dtype=np.float64)
+    lb = np.asarray(lse_b, dtype=np.float64)
+    if np.isnan(la).any() or np.isnan(lb).any() or np.isposinf(la).any() or np.isposinf(lb).any():
+        raise ValueError("lse_a/lse_b: LSE values must be finite or -inf")
+    m = np.maximum(la, lb)
+    safe_m = np.where(np.isneginf(m), 0.0, m)
+    wa = np.exp(la - safe_m)
+    wb = np.exp(lb - safe_m)
+    total = wa + wb
+    denom = np.where(total > 0, total, 1.0)
+    out = (np.asarray(out_a, np.float64) * (wa / denom)[..., None]
+           + np.asarray(out_b, np.float64) * (wb / denom)[..., None])
+    lse = np.where(total > 0, safe_m + np.log(np.where(total > 0, total, 1.0)), -np.inf)
+    return out.astype(np.float32), lse.astype(np.float32)

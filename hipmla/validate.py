@@ -1,0 +1,90 @@
+"""Argument checks shared by every public function.
+
+Each check raises before any work starts, with a message that names the argument,
+says what was expected and what came.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+
+def check_array(
+    arr,
+    name: str,
+    *,
+    dtype=None,
+    ndim: int | None = None,
+    shape: Sequence[int | None] | None = None,
+    contiguous: bool = True,
+) -> np.ndarray:
+    """Check a host array; ``None`` in ``shape`` matches any extent."""
+    if not isinstance(arr, np.ndarray):
+        raise TypeError(f"{name}: expected a numpy.ndarray, got {type(arr).__name__}")
+    if dtype is not None:
+        allowed = dtype if isinstance(dtype, tuple) else (dtype,)
+        if not any(arr.dtype == np.dtype(d) for d in allowed):
+            want = " or ".join(str(np.dtype(d)) for d in allowed)
+            raise TypeError(f"{name}: expected dtype {want}, got {arr.dtype}")
+    if shape is not None:
+        ndim = len(shape)
+    if ndim is not None and arr.ndim != ndim:
+        raise ValueError(f"{name}: expected {ndim} dimensions, got shape {arr.shape}")
+    if shape is not None:
+        for axis, (want, got) in enumerate(zip(shape, arr.shape)):
+            if want is not None and want != got:
+                expect = tuple("*" if s is None else s for s in shape)
+                raise ValueError(
+                    f"{name}: expected shape {expect}, got {arr.shape} (axis {axis})"
+                )
+    if contiguous and not arr.flags.c_contiguous:
+        raise ValueError(f"{name}: expected a C-contiguous array (strides {arr.strides})")
+    return arr
+
+
+def check_finite(arr: np.ndarray, name: str) -> None:
+    """Quantizers reject NaN and Inf: no block scale can represent them faithfully."""
+    if arr.dtype.kind == "f" or arr.dtype.name in ("bfloat16",):
+        finite = np.isfinite(arr.astype(np.float32, copy=False))
+        if not finite.all():
+            idx = tuple(int(i) for i in np.argwhere(~finite)[0])
+            raise ValueError(f"{name}: NaN or Inf at index {idx}; quantizers need finite input")
+
+
+def check_indptr(kv_indptr, name: str = "kv_indptr", total_rows: int | None = None) -> np.ndarray:
+    """A host indptr: int32/int64, 1-D, >= 2 entries, starts at 0, non-decreasing."""
+    arr = check_array(kv_indptr, name, dtype=(np.int32, np.int64), ndim=1, contiguous=False)
+    if arr.shape[0] < 2:
+        raise ValueError(f"{name}: expected batch + 1 >= 2 entries, got {arr.shape[0]}")
+    if int(arr[0]) != 0:
+        raise ValueError(f"{name}: must start at 0, got {int(arr[0])}")
+    steps = np.diff(arr.astype(np.int64))
+    if (steps < 0).any():
+        b = int(np.flatnonzero(steps < 0)[0])
+        raise ValueError(
+            f"{name}: must be non-decreasing, {name}[{b + 1}] = {int(arr[b + 1])} < "
+            f"{name}[{b}] = {int(arr[b])}"
+        )
+    if total_rows is not None and int(arr[-1]) > total_rows:
+        raise ValueError(
+            f"{name}: last entry {int(arr[-1])} exceeds the {total_rows} rows of the KV cache"
+        )
+    return arr
+
+
+def check_positive_finite(value, name: str) -> float:
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        raise TypeError(f"{name}: expected a real number, got {value!r}") from None
+    if not np.isfinite(v) or v <= 0:
+        raise ValueError(f"{name}: expected a finite number > 0, got {value!r}")
+    return v
+
+
+def check_choice(value, name: str, choices: Sequence[str]) -> str:
+    if value not in choices:
+        raise ValueError(f"{name}: expected one of {', '.join(map(repr, choices))}, got {value!r}")
+    return value
