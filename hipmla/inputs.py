@@ -104,3 +104,25 @@ def random_seq_lens(rng: np.random.Generator, max_batch: int = 300, max_len: int
     lens = np.where(kind < 0.1, 0, lens)  # empty
     lens = np.where((kind >= 0.1) & (kind < 0.3), rng.integers(1, 200, size=batch), lens)  # short
     return lens.astype(np.int64)
+
+
+def random_cache(rows: int, kv_format: str, rng: np.random.Generator, *,
+                 fp8_variant: str = "e4m3fn", scale_stride: int | None = None) -> KVCache:
+    """A cache of random *codes* rather than quantized N(0,1) data: every E2M1/e4m3 code
+    a producer can write (NaN excepted), block scales spread over 2^-8 .. 2^2. Much
+    faster than :func:`make_inputs` for large ragged tests, and it exercises codes
+    that N(0,1) data rarely hits."""
+    check_choice(kv_format, "kv_format", KV_FORMATS)
+    if kv_format == "bf16":
+        x = rng.standard_normal((rows, D_QK), dtype=np.float32)
+        return quantize_kv(x, "bf16")
+    if kv_format == "fp8":
+        data = rng.integers(0, 256, size=(rows, D_QK), dtype=np.uint8)
+        nan = 0x80 if fp8_variant == "e4m3fnuz" else 0x7F
+        data[(data & 0x7F) == 0x7F if nan == 0x7F else data == 0x80] = 0
+        return KVCache("fp8", data, fp8_scale=1.0 / 64, fp8_variant=fp8_variant)
+    stride = default_scale_stride(D_QK) if scale_stride is None else scale_stride
+    data = rng.integers(0, 256, size=(rows, D_QK // 2), dtype=np.uint8)
+    scales = np.zeros((rows, stride), dtype=np.uint8)
+    scales[:, : D_QK // 32] = rng.integers(127 - 8, 127 + 3, size=(rows, D_QK // 32), dtype=np.uint8)
+    return KVCache("mxfp4", data, scales=scales)
