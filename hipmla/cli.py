@@ -18,6 +18,13 @@ from hipmla.reference import mla_decode_reference
 #: their own quantization error (see README, "Numerics").
 REFERENCE_TOL = {"bf16": 2e-2, "fp8": 8e-2, "mxfp4": 0.4}
 HOST_NUM_CUS = 256  # the host emulator plans for an MI355X (256 CUs)
+#: Commands with their own argument parsers, in the modules that implement them.
+DELEGATED = {
+    "build": ("hipmla.aot", "ahead-of-time build of every kernel with clang, plus a resource report"),
+    "bench": ("hipmla.bench", "device time per decode call against the memory roofline (GPU)"),
+    "profile": ("hipmla.profile", "one shape under rocprofv3 with a per-kernel summary (ROCm)"),
+    "nvidia-runtime": ("hipmla.nvidia", "build the HIP-on-CUDA library that runs hipmla on NVIDIA GPUs"),
+}
 
 
 @dataclass(frozen=True)
@@ -137,16 +144,16 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--seed", type=int, default=0)
     c.set_defaults(func=cmd_check)
 
-    b = sub.add_parser("build", help="ahead-of-time build of every kernel with clang, plus a resource report")
-    b.add_argument("rest", nargs=argparse.REMAINDER)
-    b.set_defaults(func=lambda a: __import__("hipmla.aot", fromlist=["main"]).main(a.rest))
-
-    n = sub.add_parser("nvidia-runtime", help="build the HIP-on-CUDA library that runs hipmla on NVIDIA GPUs")
-    n.add_argument("rest", nargs=argparse.REMAINDER)
-    n.set_defaults(func=lambda a: __import__("hipmla.nvidia", fromlist=["main"]).main(a.rest))
+    for name, (_module, help_text) in DELEGATED.items():
+        sub.add_parser(name, help=help_text, add_help=False)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv and argv[0] in DELEGATED:
+        import importlib
+
+        return int(importlib.import_module(DELEGATED[argv[0]][0]).main(argv[1:]) or 0)
     args = build_parser().parse_args(argv)
     return int(args.func(args) or 0)

@@ -1,0 +1,45 @@
+"""Benchmark bookkeeping (CPU) and a short benchmark run (GPU)."""
+
+import json
+
+import numpy as np
+import pytest
+
+from hipmla import bench
+
+
+def test_bytes_moved_counts_cache_rows_and_partials():
+    # 4 sequences x 1024 tokens, mxfp4 with the padded 24-byte scale rows, no splits
+    base = bench.bytes_moved("mxfp4", 4096, 4, 24, n_work=4, n_slots=0)
+    assert base == 4096 * (288 + 24) + 4 * 16 * 576 * 2 + 4 * 16 * (1024 + 4) + 4 * 16 + 5 * 8
+    # every split slot is written once and read once by the combine kernel
+    split = bench.bytes_moved("mxfp4", 4096, 4, 24, n_work=4, n_slots=8)
+    assert split - base == 2 * 8 * 16 * 514 * 4
+    assert bench.bytes_moved("bf16", 10, 1, 0, 1, 0) - bench.bytes_moved("fp8", 10, 1, 0, 1, 0) == 10 * 576
+
+
+def test_ragged_mixes_are_ragged():
+    mixes = bench.ragged_mixes()
+    for name, lens in mixes.items():
+        assert lens.ndim == 1 and lens.min() >= 0
+        assert len(set(lens.tolist())) > 1, name
+
+
+def test_unknown_shape_is_an_argument_error(capsys, monkeypatch):
+    monkeypatch.setattr(bench.runtime, "available", lambda: True)
+    with pytest.raises(SystemExit):
+        bench.main(["--shapes", "5x5k"])
+    assert "--shapes" in capsys.readouterr().err
+
+
+@pytest.mark.gpu
+def test_short_benchmark_writes_table_and_files(tmp_path, capsys):
+    rows = bench.run_bench(("mxfp4",), iters=3, device=0, with_torch=False, out_dir=tmp_path,
+                           only={"4x1k", "rag64"})
+    assert [r.shape for r in rows] == ["4x1k", "rag64"]
+    for r in rows:
+        assert r.flushed_median_us > 0 and r.gbs > 0 and r.host_us > 0
+    data = json.loads((tmp_path / "bench.json").read_text())
+    assert len(data["rows"]) == 2 and data["meta"]["copy_gbs"] > 0
+    assert (tmp_path / "bench.csv").read_text().count("\n") == 3
+    assert "GB/s" in capsys.readouterr().out

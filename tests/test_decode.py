@@ -1,0 +1,339 @@
+"""The decoder API: argument checks (CPU) and decode on a GPU against the emulator and the
+exact reference (``gpu``-marked)."""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from hipmla import decode
+from hipmla.cli import REFERENCE_TOL
+from hipmla.emulate import emulate_decode
+from hipmla.formats import KV_FORMATS
+from hipmla.inputs import benchmark_shapes, make_inputs, random_cache, random_seq_lens
+from hipmla.plan import indptr_from_lengths
+from hipmla.reference import mla_decode_reference
+
+#: Device vs emulator, bf16 output: |dev - emu| <= EMU_RTOL * |emu| + EMU_ATOL * max|emu|.
+#: Two bf16 ulps per element, plus a sliver of the output scale for the rare P that
+#: rounds to the other bf16 neighbour because the device sums a dot product in
+#: another order.
+EMU_RTOL = 2.0 ** -7
+EMU_ATOL = 1e-3
+#: Device vs emulator LSE (natural log), absolute.
+EMU_LSE_ATOL = 1e-4
+
+
+class FakeCAI:
+    def __init__(self, shape, typestr, ptr=0x1000, strides=None):
+        self.__cuda_array_interface__ = {"shape": shape, "typestr": typestr, "data": (ptr, False),
+                                         "strides": strides, "version": 3}
+
+
+# ----------------------------------------------------------------------------- CPU
+
+
+def test_device_ptr_accepts_raw_addresses_and_interfaces():
+    assert decode.device_ptr(0x1234, "q", itemsize=2) == 0x1234
+    assert decode.device_ptr(FakeCAI((4, 16, 576), "<u2", 0x2000), "q", itemsize=2,
+                             shape=(4, 16, 576)) == 0x2000
+    # explicit C-contiguous strides are fine too
+    assert decode.device_ptr(FakeCAI((3, 4), "<f4", 0x10, strides=(16, 4)), "lse", itemsize=4,
+                             shape=(3, 4)) == 0x10
+
+
+@pytest.mark.parametrize(
+    "obj, kwargs, exc, words",
+    [
+        (0, {}, ValueError, "q: expected a non-null"),
+        (-5, {}, ValueError, "non-null"),
+        (np.zeros((4, 16, 576), np.uint16), {}, TypeError, "host numpy array"),
+        ("0x10", {}, TypeError, "device address"),
+        (FakeCAI((4, 16, 576), "<f4"), {}, TypeError, "2-byte"),
+        (FakeCAI((4, 16, 512), "<u2"), {"shape": (4, 16, 576)}, ValueError, "expected shape"),
+        (FakeCAI((4, 16, 576), "<u2", strides=(2, 8, 128)), {"shape": (4, 16, 576)}, ValueError,
+         "C-contiguous"),
+        (FakeCAI((4, 16, 576), "<u2", ptr=0), {}, ValueError, "null data"),
+    ],
+)
+def test_device_ptr_rejects_bad_buffers(obj, kwargs, exc, words):
+    with pytest.raises(exc, match=words):
+        decode.device_ptr(obj, "q", itemsize=2, **kwargs)
+
+
+def test_decoder_config_validates():
+    with pytest.raises(ValueError, match="kv_format"):
+        decode.DecoderConfig("int4", 0.1)
+    with pytest.raises(ValueError, match="q_precision"):
+        decode.DecoderConfig("mxfp4", 0.1, q_precision="fp16")
+    with pytest.raises(ValueError, match="sm_scale"):
+        decode.DecoderConfig("mxfp4", -1.0)
+    with pytest.raises(ValueError, match="heads"):
+        decode.DecoderConfig("mxfp4", 0.1, heads=32)
+
+
+def test_fp8_variant_follows_arch():
+    assert decode.fp8_variant_for("gfx942") == "e4m3fnuz"
+    assert decode.fp8_variant_for("gfx950") == "e4m3fn"
+    assert decode.fp8_variant_for("sm_90") == "e4m3fn"
+
+
+# ----------------------------------------------------------------------------- GPU helpers
+
+
+def assert_close_to_emulator(out, lse, emu_out, emu_lse, what: str):
+    o = np.asarray(out, dtype=np.float32)
+    e = np.asarray(emu_out, dtype=np.float32)
+    assert np.isfinite(o).all(), f"{what}: non-finite output"
+    scale = float(np.abs(e).max(initial=0)) or 1.0
+    err = np.abs(o - e)
+    bound = EMU_RTOL * np.abs(e) + EMU_ATOL * scale
+    bad = err > bound
+    assert not bad.any(), (f"{what}: {int(bad.sum())} of {bad.size} outputs off the emulator, "
+                           f"worst {float(err.max()):.3e} (scale {scale:.3e})")
+    both_inf = np.isneginf(lse) & np.isneginf(emu_lse)
+    assert (np.isneginf(lse) == np.isneginf(emu_lse)).all(), f"{what}: LSE -inf pattern differs"
+    lerr = np.where(both_inf, 0, np.abs(lse - emu_lse))
+    assert float(lerr.max(initial=0)) <= EMU_LSE_ATOL, f"{what}: LSE off by {float(lerr.max()):.3e}"
+
+
+def assert_close_to_reference(out, lse, ref_out, ref_lse, q_precision: str, what: str):
+    tol = REFERENCE_TOL[q_precision]
+    err = np.abs(np.asarray(out, np.float32) - ref_out)
+    assert (err <= tol * (1 + np.abs(ref_out))).all(), f"{what}: worst error vs reference {err.max():.3e}"
+    fin = np.isfinite(ref_lse)
+    assert (np.isneginf(lse) == ~fin).all(), f"{what}: empty-sequence LSE not -inf"
+    assert np.abs(lse[fin] - ref_lse[fin]).max(initial=0) <= tol * 4, f"{what}: LSE far from reference"
+
+
+@pytest.fixture(scope="module")
+def decoders():
+    made: dict[tuple[str, str], decode.Decoder] = {}
+
+    def get(kv_format: str, q_precision: str = "bf16", sm_scale: float = 1 / 24) -> decode.Decoder:
+        key = (kv_format, q_precision)
+        if key not in made:
+            made[key] = decode.Decoder(kv_format, sm_scale, q_precision=q_precision)
+        return made[key]
+
+    yield get
+    for d in made.values():
+        d.close()
+
+
+def sample(batch: int, lens: np.ndarray, k: int = 6) -> np.ndarray:
+    """A few sequences to check on the host: spread, the longest, and an empty one."""
+    picks = set(np.linspace(0, batch - 1, min(k, batch)).round().astype(int).tolist())
+    picks.add(int(np.argmax(lens)))
+    empty = np.flatnonzero(lens == 0)
+    if empty.size:
+        picks.add(int(empty[0]))
+    return np.array(sorted(picks))
+
+
+# ----------------------------------------------------------------------------- GPU
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kv_format", KV_FORMATS)
+@pytest.mark.parametrize("shape", benchmark_shapes(), ids=lambda s: s.name)
+def test_benchmark_shapes(decoders, kv_format, shape):
+    dec = decoders(kv_format)
+    inputs = make_inputs(shape.seq_lens, kv_format, seed=shape.batch + shape.kv_len,
+                         fp8_variant=dec.fp8_variant)
+    out, lse = dec.decode(inputs.q, inputs.kv, inputs.kv_indptr)
+    seqs = sample(shape.batch, shape.seq_lens, 4)
+    plan = dec.plan(kv_indptr=inputs.kv_indptr)
+    emu_out, emu_lse = emulate_decode(inputs.q, inputs.kv, plan.plan, inputs.sm_scale, seqs=seqs)
+    dec.release(plan)
+    what = f"{kv_format} {shape.name}"
+    assert_close_to_emulator(out[seqs], lse[seqs], emu_out, emu_lse, what)
+    ref_out, ref_lse = mla_decode_reference(inputs.q, inputs.kv, inputs.kv_indptr, inputs.sm_scale, seqs=seqs)
+    assert_close_to_reference(out[seqs], lse[seqs], ref_out, ref_lse, "bf16", what)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("q_precision", ["fp8", "mxfp4"])
+def test_quantized_q_matches_its_emulator(decoders, q_precision):
+    dec = decoders("mxfp4", q_precision, sm_scale=inputs_scale())
+    lens = np.array([1000, 0, 77, 4096, 129])
+    inputs = make_inputs(lens, "mxfp4", seed=3)
+    out, lse = dec.decode(inputs.q, inputs.kv, inputs.kv_indptr)
+    plan = dec.plan(kv_indptr=inputs.kv_indptr)
+    emu_out, emu_lse = emulate_decode(inputs.q, inputs.kv, plan.plan, inputs.sm_scale, q_precision=q_precision)
+    dec.release(plan)
+    assert_close_to_emulator(out, lse, emu_out, emu_lse, f"q {q_precision}")
+
+
+def inputs_scale() -> float:
+    from hipmla.inputs import BENCH_SM_SCALE
+
+    return BENCH_SM_SCALE
+
+
+class RaggedPool:
+    """One random cache per format on the device, shared by all ragged configurations."""
+
+    ROWS = 300 * 20000 // 2
+
+    def __init__(self, dec: decode.Decoder, kv_format: str):
+        from hipmla import runtime
+
+        rng = np.random.default_rng(1234)
+        self.kv = random_cache(self.ROWS, kv_format, rng, fp8_variant=dec.fp8_variant)
+        self.d_kv = runtime.DeviceArray.from_host(self.kv.data)
+        self.d_scale = runtime.DeviceArray.from_host(self.kv.scales) if kv_format == "mxfp4" else None
+
+    def free(self):
+        self.d_kv.free()
+        if self.d_scale is not None:
+            self.d_scale.free()
+
+
+def ragged_configs(n: int = 50) -> list[np.ndarray]:
+    rng = np.random.default_rng(2026)
+    out = []
+    while len(out) < n:
+        lens = random_seq_lens(rng)
+        if lens.sum() <= RaggedPool.ROWS:
+            out.append(lens)
+    out[0] = np.zeros(3, np.int64)  # a batch of nothing but empty sequences
+    return out
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kv_format", KV_FORMATS)
+def test_ragged_batches(decoders, kv_format):
+    from hipmla import runtime
+
+    dec = decoders(kv_format)
+    pool = RaggedPool(dec, kv_format)
+    q_rng = np.random.default_rng(7)
+    try:
+        for i, lens in enumerate(ragged_configs()):
+            b = lens.shape[0]
+            indptr = indptr_from_lengths(lens)
+            q = q_rng.standard_normal((b, 16, 576), dtype=np.float32).astype(ml_dtypes.bfloat16)
+            d_q = runtime.DeviceArray.from_host(q.view(np.uint16))
+            d_ind = runtime.DeviceArray.from_host(indptr)
+            d_out = runtime.DeviceArray((b, 16, 512), np.uint16)
+            d_lse = runtime.DeviceArray((b, 16), np.float32)
+            runtime.memset(d_out.ptr, 0xFF, d_out.nbytes)  # NaN poison: every output must be written
+            plan = dec.plan(lens)
+            dec.run(plan, d_q, pool.d_kv, d_ind, d_out, kv_scale=pool.d_scale, lse=d_lse,
+                    fp8_scale=pool.kv.fp8_scale if kv_format == "fp8" else None)
+            out = d_out.to_host().view(ml_dtypes.bfloat16)
+            lse = d_lse.to_host()
+            seqs = sample(b, lens)
+            emu_out, emu_lse = emulate_decode(q, pool.kv, plan.plan, 1 / 24, seqs=seqs)
+            what = f"{kv_format} config {i} (bs {b}, {int(lens.sum())} tokens)"
+            assert np.isfinite(out.astype(np.float32)).all(), f"{what}: unwritten or non-finite output"
+            assert_close_to_emulator(out[seqs], lse[seqs], emu_out, emu_lse, what)
+            ref_out, ref_lse = mla_decode_reference(q, pool.kv, indptr, 1 / 24, seqs=seqs)
+            assert_close_to_reference(out[seqs], lse[seqs], ref_out, ref_lse, "bf16", what)
+            dec.release(plan)
+            for a in (d_q, d_ind, d_out, d_lse):
+                a.free()
+    finally:
+        pool.free()
+
+
+@pytest.mark.gpu
+def test_scratch_is_reused_and_grows_only_when_needed():
+    from hipmla import runtime
+
+    with decode.Decoder("mxfp4", 1 / 24) as dec:
+        lens_small = np.array([4000, 3000])
+        lens_big = np.array([20000, 20000, 1])
+        inputs = make_inputs(lens_big, "mxfp4", seed=5)
+        d_kv = runtime.DeviceArray.from_host(inputs.kv.data)
+        d_sc = runtime.DeviceArray.from_host(inputs.kv.scales)
+        d_q = runtime.DeviceArray.from_host(inputs.q.view(np.uint16))
+        d_out = runtime.DeviceArray((3, 16, 512), np.uint16)
+        d_lse = runtime.DeviceArray((3, 16), np.float32)
+        d_ind_big = runtime.DeviceArray.from_host(inputs.kv_indptr)
+
+        p_big = dec.plan(lens_big)
+        size = dec.scratch_bytes
+        assert size > 0, "a split plan must allocate scratch"
+        for _ in range(3):
+            dec.run(p_big, d_q, d_kv, d_ind_big, d_out, kv_scale=d_sc, lse=d_lse)
+        assert dec.scratch_bytes == size
+        p_small = dec.plan(lens_small)
+        assert dec.scratch_bytes == size, "a smaller plan must not reallocate"
+        runtime.synchronize()
+        out = d_out.to_host().view(ml_dtypes.bfloat16)
+        lse = d_lse.to_host()
+        emu_out, emu_lse = emulate_decode(inputs.q, inputs.kv, p_big.plan, 1 / 24)
+        assert_close_to_emulator(out, lse, emu_out, emu_lse, "after repeated runs")
+        # a new, different plan between calls on a prefix of the same cache
+        small_q = inputs.q[:2].copy()
+        d_q2 = runtime.DeviceArray.from_host(small_q.view(np.uint16))
+        d_ind_small = runtime.DeviceArray.from_host(indptr_from_lengths(lens_small))
+        d_out2 = runtime.DeviceArray((2, 16, 512), np.uint16)
+        d_lse2 = runtime.DeviceArray((2, 16), np.float32)
+        dec.run(p_small, d_q2, d_kv, d_ind_small, d_out2, kv_scale=d_sc, lse=d_lse2)
+        out2 = d_out2.to_host().view(ml_dtypes.bfloat16)
+
+        emu2 = emulate_decode(small_q, inputs.kv, p_small.plan, 1 / 24)
+        assert_close_to_emulator(out2, d_lse2.to_host(), *emu2, "new plan")
+        for a in (d_kv, d_sc, d_q, d_out, d_lse, d_ind_big, d_q2, d_ind_small, d_out2, d_lse2):
+            a.free()
+    assert dec.scratch_bytes == 0, "close() must free the scratch"
+
+
+@pytest.mark.gpu
+def test_invalid_arguments_raise_before_launch():
+    from hipmla import runtime
+
+    with decode.Decoder("mxfp4", 1 / 24) as dec, decode.Decoder("fp8", 1 / 24) as dec8:
+        lens = np.array([100, 200])
+        inputs = make_inputs(lens, "mxfp4", seed=9)
+        d_kv = runtime.DeviceArray.from_host(inputs.kv.data)
+        d_sc = runtime.DeviceArray.from_host(inputs.kv.scales)
+        d_q = runtime.DeviceArray.from_host(inputs.q.view(np.uint16))
+        d_ind = runtime.DeviceArray.from_host(inputs.kv_indptr)
+        d_out = runtime.DeviceArray((2, 16, 512), np.uint16)
+        runtime.memset(d_out.ptr, 0xAB, d_out.nbytes)
+        runtime.synchronize()
+        plan = dec.plan(lens)
+        bad_q = runtime.DeviceArray((3, 16, 576), np.uint16)
+        short_kv = runtime.DeviceArray((10, 288), np.uint8)
+        cases = [
+            (lambda: dec.run(plan, bad_q, d_kv, d_ind, d_out, kv_scale=d_sc), ValueError, "q: expected shape"),
+            (lambda: dec.run(plan, d_q, d_kv, d_ind, d_out), ValueError, "kv_scale"),
+            (lambda: dec.run(plan, d_q, short_kv, d_ind, d_out, kv_scale=d_sc), ValueError, "kv: the plan"),
+            (lambda: dec.run(plan, d_q, d_kv, d_ind, d_out, kv_scale=d_sc.ptr), ValueError, "kv_scale_stride"),
+            (lambda: dec.run(plan, inputs.q, d_kv, d_ind, d_out, kv_scale=d_sc), TypeError, "host numpy"),
+            (lambda: dec8.run(plan, d_q, d_kv, d_ind, d_out), ValueError, "plan"),
+            (lambda: dec.run(plan, d_q, d_kv, d_ind, d_out, kv_scale=d_sc, lse=d_out), TypeError, "lse"),
+        ]
+        for call, exc, words in cases:
+            with pytest.raises(exc, match=words):
+                call()
+        runtime.synchronize()
+        assert (d_out.to_host().view(np.uint8) == 0xAB).all(), "a rejected call must launch nothing"
+        for a in (d_kv, d_sc, d_q, d_ind, d_out, bad_q, short_kv):
+            a.free()
+
+
+@pytest.mark.gpu
+def test_raw_addresses_work_like_interfaces(decoders):
+    from hipmla import runtime
+
+    dec = decoders("mxfp4")
+    lens = np.array([300, 5000])
+    inputs = make_inputs(lens, "mxfp4", seed=11)
+    d = [runtime.DeviceArray.from_host(a) for a in
+         (inputs.q.view(np.uint16), inputs.kv.data, inputs.kv_indptr, inputs.kv.scales)]
+    d_out = runtime.DeviceArray((2, 16, 512), np.uint16)
+    plan = dec.plan(lens)
+    dec.run(plan, d[0].ptr, d[1].ptr, d[2].ptr, d_out.ptr, kv_scale=d[3].ptr,
+            kv_scale_stride=inputs.kv.scales.shape[1])
+    out = d_out.to_host().view(ml_dtypes.bfloat16)
+    emu_out, _ = emulate_decode(inputs.q, inputs.kv, plan.plan, inputs.sm_scale)
+    assert_close_to_emulator(out, np.zeros((2, 16)), emu_out, np.zeros((2, 16)), "raw addresses")
+    dec.release(plan)
+    for a in d + [d_out]:
+        a.free()
