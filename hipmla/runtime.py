@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
+import importlib
 import json
 import os
 import re
@@ -601,6 +602,12 @@ def compiler_version() -> str:
         major, minor = check(hiprtc.hiprtcVersion())
         runtime = check(hip.hipRuntimeGetVersion())
         _compiler_version = f"hiprtc {major}.{minor}, HIP runtime {runtime}"
+        if platform() == "nvidia":
+            # Our HIP-on-CUDA library translates hiprtc options: a change there can
+            # change the code for the same source and options.
+            from hipmla import nvidia
+
+            _compiler_version += f", hip-on-cuda {nvidia.source_hash()}"
     return _compiler_version
 
 
@@ -812,7 +819,7 @@ class Function:
 
 def _find_prebuilt(spec, arch: str, source: str, options: list[str]) -> bytes | None:
     try:
-        from hipmla import aot
+        aot = importlib.import_module("hipmla.aot")
     except ModuleNotFoundError as e:
         if e.name != "hipmla.aot":
             raise
