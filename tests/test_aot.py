@@ -1,0 +1,570 @@
+"""Tests of hipmla.aot: toolchain discovery, offline builds, the resource report and the
+prebuilt lookup. Builds need a clang that targets gfx950 (Debian's clang-22 will do) and
+are skipped without one; parsing, the occupancy model and the budget run everywhere."""
+
+from __future__ import annotations
+
+import os
+import re
+import stat
+import subprocess
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import pytest
+
+from hipmla import aot
+
+
+def _have_clang() -> bool:
+    try:
+        aot.find_clang()
+    except aot.ToolchainNotFound:
+        return False
+    return True
+
+
+needs_clang = pytest.mark.skipif(not _have_clang(), reason="no clang that targets gfx950")
+
+# Kernels bring their own platform prelude because builds use -nogpuinc.
+PRELUDE = """
+#define __global__ __attribute__((global))
+#define __shared__ __attribute__((shared))
+"""
+
+
+def lds_kernel(name: str, lds_bytes: int, threads: int) -> str:
+    return PRELUDE + f"""
+extern "C" __global__ void __attribute__((amdgpu_flat_work_group_size(1, {threads})))
+{name}(float* out) {{
+  __shared__ float buf[{lds_bytes // 4}];
+  int t = __builtin_amdgcn_workitem_id_x();
+  buf[t] = t * SCALE;
+  __builtin_amdgcn_s_barrier();
+  out[t] = buf[{lds_bytes // 4 - 1} - t];
+}}
+"""
+
+
+AGPR_KERNEL = PRELUDE + """
+extern "C" __global__ void __attribute__((amdgpu_flat_work_group_size(1, 256)))
+agpr_user(float* out, const float* in) {
+  int t = __builtin_amdgcn_workitem_id_x();
+  float a0, a1, a2, r0, r1, r2;
+  asm volatile("v_accvgpr_write_b32 %0, %1" : "=a"(a0) : "v"(in[t]));
+  asm volatile("v_accvgpr_write_b32 %0, %1" : "=a"(a1) : "v"(in[t + 256]));
+  asm volatile("v_accvgpr_write_b32 %0, %1" : "=a"(a2) : "v"(in[t + 512]));
+  asm volatile("v_accvgpr_read_b32 %0, %1" : "=v"(r0) : "a"(a0));
+  asm volatile("v_accvgpr_read_b32 %0, %1" : "=v"(r1) : "a"(a1));
+  asm volatile("v_accvgpr_read_b32 %0, %1" : "=v"(r2) : "a"(a2));
+  out[t] = r0 + r1 * r2;
+}
+"""
+
+# 96 live accumulators: ~111 VGPRs, so registers, not LDS, limit occupancy (4 waves).
+HEAVY_KERNEL = PRELUDE + """
+extern "C" __global__ void __attribute__((amdgpu_flat_work_group_size(1, 256)))
+heavy(float* out, const float* in) {
+  int t = __builtin_amdgcn_workitem_id_x();
+  float acc[96];
+#pragma unroll
+  for (int i = 0; i < 96; ++i) acc[i] = in[t + i * 256];
+#pragma unroll
+  for (int r = 0; r < 4; ++r)
+#pragma unroll
+    for (int i = 0; i < 96; ++i) acc[i] = acc[i] * acc[(i + 1) % 96] + 1.0f;
+  float s = 0.f;
+#pragma unroll
+  for (int i = 0; i < 96; ++i) s += acc[i] * (i + 1);
+  out[t] = s;
+}
+"""
+
+# A dynamically indexed private array lives in scratch.
+SCRATCH_KERNEL = PRELUDE + """
+extern "C" __global__ void __attribute__((amdgpu_flat_work_group_size(1, 256)))
+uses_scratch(float* out, const int* idx) {
+  float priv[64];
+  int t = __builtin_amdgcn_workitem_id_x();
+  for (int i = 0; i < 64; ++i) priv[i] = out[t * 64 + i];
+  out[t] = priv[idx[t] & 63];
+}
+"""
+
+
+def compiler_occupancy(source: str, arch: str, tmp_path: Path) -> int:
+    """The occupancy clang itself computes (its assembly comment), to check our model."""
+    tu = tmp_path / "occ.hip"
+    tu.write_text(source)
+    flags = [f for f in aot.BUILD_FLAGS if f != "--no-gpu-bundle-output"]
+    asm = subprocess.run(
+        [aot.find_clang(), *flags, f"--offload-arch={arch}", "-DSCALE=1", str(tu), "-S", "-o", "-"],
+        capture_output=True, text=True, check=True,
+    ).stdout
+    return int(re.search(r"; Occupancy: (\d+)", asm).group(1))
+
+
+# --- find_clang ------------------------------------------------------------------------
+
+
+def _script(path: Path, body: str) -> Path:
+    path.write_text("#!/bin/sh\n" + body + "\n")
+    path.chmod(path.stat().st_mode | stat.S_IXUSR)
+    return path
+
+
+def test_find_clang_lists_every_candidate_when_none_exists(monkeypatch, tmp_path):
+    monkeypatch.delenv("HIPMLA_CLANG", raising=False)
+    monkeypatch.delenv("ROCM_HOME", raising=False)
+    monkeypatch.setenv("ROCM_PATH", str(tmp_path / "no-rocm"))
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(aot.ToolchainNotFound) as err:
+        aot.find_clang()
+    message = str(err.value)
+    for name in ("amdclang++", "clang++-22", "clang++:", "HIPMLA_CLANG"):
+        assert name in message
+
+
+def test_find_clang_rejects_a_clang_without_gfx950(monkeypatch, tmp_path):
+    monkeypatch.delenv("HIPMLA_CLANG", raising=False)
+    monkeypatch.setenv("ROCM_PATH", str(tmp_path / "no-rocm"))
+    monkeypatch.setenv("PATH", str(tmp_path))
+    old = _script(tmp_path / "clang++", "echo 'error: unsupported HIP gpu architecture: gfx950' >&2; exit 1")
+    with pytest.raises(aot.ToolchainNotFound) as err:
+        aot.find_clang()
+    assert f"{old}: rejects --offload-arch=gfx950 (error: unsupported HIP gpu architecture" in str(err.value)
+
+
+def test_find_clang_explicit_choice_must_work(monkeypatch, tmp_path):
+    monkeypatch.setenv("HIPMLA_CLANG", str(tmp_path / "missing-clang"))
+    with pytest.raises(aot.ToolchainNotFound, match="HIPMLA_CLANG=.*missing-clang.*not an executable"):
+        aot.find_clang()
+    broken = _script(tmp_path / "broken-clang", "exit 3")
+    monkeypatch.setenv("HIPMLA_CLANG", str(broken))
+    with pytest.raises(aot.ToolchainNotFound, match="HIPMLA_CLANG=.*broken-clang.*exit 3"):
+        aot.find_clang()
+
+
+@needs_clang
+def test_find_clang_falls_through_to_a_working_candidate(monkeypatch, tmp_path):
+    real = aot.find_clang()
+    monkeypatch.delenv("HIPMLA_CLANG", raising=False)
+    monkeypatch.setenv("ROCM_PATH", str(tmp_path / "no-rocm"))
+    _script(tmp_path / "amdclang++", "exit 1")
+    (tmp_path / "clang++").symlink_to(real)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    found = aot.find_clang()
+    assert found == str(tmp_path / "clang++")
+    # The readelf of the same LLVM is found through the symlink's target.
+    assert Path(aot.find_readelf(found)).parent == Path(os.path.realpath(real)).parent
+
+
+# --- notes parsing ----------------------------------------------------------------------
+
+NOTES = """
+Displaying notes found in: .note
+  Owner                Data size 	Description
+  AMDGPU               0x0000022a	NT_AMDGPU_METADATA (AMDGPU Metadata)
+    AMDGPU Metadata:
+        ---
+amdhsa.kernels:
+  - .agpr_count:     4
+    .args:
+      - .address_space:  global
+        .offset:         0
+        .size:           8
+        .value_kind:     global_buffer
+      - .offset:         8
+        .size:           4
+        .value_kind:     by_value
+    .group_segment_fixed_size: 40960
+    .kernarg_segment_align: 8
+    .kernarg_segment_size: 12
+    .max_flat_workgroup_size: 256
+    .name:           first
+    .private_segment_fixed_size: 0
+    .sgpr_count:     14
+    .sgpr_spill_count: 0
+    .symbol:         first.kd
+    .uniform_work_group_size: 1
+    .uses_dynamic_stack: false
+    .vgpr_count:     132
+    .vgpr_spill_count: 0
+    .wavefront_size: 64
+  - .args:           []
+    .group_segment_fixed_size: 0
+    .max_flat_workgroup_size: 1024
+    .name:           second
+    .private_segment_fixed_size: 48
+    .sgpr_count:     104
+    .sgpr_spill_count: 2
+    .symbol:         second.kd
+    .uses_dynamic_stack: true
+    .vgpr_count:     9
+    .vgpr_spill_count: 5
+    .wavefront_size: 64
+amdhsa.target:   amdgcn-amd-amdhsa--gfx942:sramecc+:xnack-
+amdhsa.version:
+  - 1
+  - 2
+...
+"""
+
+
+def test_parse_notes_reads_the_named_kernel():
+    r = aot.parse_notes(NOTES, symbol="first")
+    assert r == aot.KernelResources(
+        symbol="first", arch="gfx942", vgpr=132, sgpr=14, agpr=4, lds_bytes=40960,
+        scratch_bytes=0, vgpr_spills=0, sgpr_spills=0,
+        # 132 -> 136 VGPRs: 3 waves by registers; 65536 // 40960 = 1 block of 4 waves by LDS.
+        waves_per_simd=1, dynamic_stack=False,
+    )
+    s = aot.parse_notes(NOTES, symbol="second", block_threads=64)
+    assert (s.agpr, s.scratch_bytes, s.vgpr_spills, s.sgpr_spills, s.dynamic_stack) == (0, 48, 5, 2, True)
+    assert s.waves_per_simd == 7  # > 100 SGPRs
+
+
+def test_parse_notes_block_size_and_dynamic_lds_change_occupancy():
+    default = aot.parse_notes(NOTES, symbol="first")
+    assert default.waves_per_simd == 1
+    # Still one block by LDS, but its 8 waves put 2 on every SIMD.
+    assert aot.parse_notes(NOTES, symbol="first", block_threads=512).waves_per_simd == 2
+    # 16 waves need 4 per SIMD; 136 VGPRs allow 3.
+    assert aot.parse_notes(NOTES, symbol="first", block_threads=1024).waves_per_simd == 0
+    big = aot.parse_notes(NOTES, symbol="first", dynamic_lds_bytes=32768)
+    assert big.lds_bytes == 40960 + 32768
+    assert big.waves_per_simd == 0  # 72 KiB is more than a gfx942 CU has
+
+
+def test_parse_notes_rejects_ambiguous_or_unknown_input():
+    with pytest.raises(ValueError, match=r"symbol: the object holds kernels \['first', 'second'\]"):
+        aot.parse_notes(NOTES)
+    with pytest.raises(ValueError, match="symbol: expected one of .* got 'third'"):
+        aot.parse_notes(NOTES, symbol="third")
+    with pytest.raises(ValueError, match="amdhsa.target"):
+        aot.parse_notes(NOTES.replace("amdhsa.target", "amdhsa.tagret"))
+    with pytest.raises(ValueError, match=r"lacks metadata keys \['.vgpr_count'\]"):
+        aot.parse_notes(NOTES.replace("    .vgpr_count:     132\n", ""), symbol="first")
+    with pytest.raises(ValueError, match="arch: expected one of"):
+        aot.parse_notes(NOTES.replace("gfx942:sramecc+", "gfx1100:sramecc+"), symbol="first")
+
+
+# --- occupancy model ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "arch, vgpr, sgpr, lds, threads, waves",
+    [
+        ("gfx950", 1, 10, 0, 256, 8),
+        ("gfx950", 64, 10, 0, 256, 8),  # 512 // 64 = 8
+        ("gfx950", 65, 10, 0, 256, 7),  # 72 per wave -> 7
+        ("gfx950", 128, 10, 0, 256, 4),
+        ("gfx950", 129, 10, 0, 256, 3),  # 136 -> 3
+        ("gfx950", 256, 10, 0, 256, 2),
+        ("gfx950", 512, 10, 0, 256, 1),  # all arch VGPRs + AGPRs of the SIMD
+        ("gfx950", 44, 101, 0, 256, 7),  # SGPRs beyond 100
+        ("gfx950", 32, 10, 40960, 256, 4),  # 4 blocks x 4 waves over 4 SIMDs
+        ("gfx942", 32, 10, 40960, 256, 1),
+        ("gfx950", 32, 10, 30000, 64, 2),  # 5 one-wave blocks: the busiest SIMD holds 2
+        ("gfx950", 32, 10, 163840, 256, 1),
+        ("gfx942", 32, 10, 65537, 256, 0),  # does not fit
+        ("gfx950", 128, 10, 0, 1024, 4),  # one 16-wave block: 4 per SIMD, as registers allow
+        ("gfx950", 129, 10, 0, 1024, 0),  # 16 waves need 4 per SIMD, registers allow 3
+    ],
+)
+def test_waves_per_simd_known_cases(arch, vgpr, sgpr, lds, threads, waves):
+    assert aot.waves_per_simd(arch, vgpr=vgpr, sgpr=sgpr, lds_bytes=lds, block_threads=threads) == waves
+
+
+def test_waves_per_simd_rejects_bad_arguments():
+    with pytest.raises(ValueError, match="arch: expected one of .* got 'gfx90a'"):
+        aot.waves_per_simd("gfx90a", vgpr=8, sgpr=8, lds_bytes=0, block_threads=64)
+    with pytest.raises(ValueError, match="block_threads: expected >= 1, got 0"):
+        aot.waves_per_simd("gfx950", vgpr=8, sgpr=8, lds_bytes=0, block_threads=0)
+
+
+# --- budget and report -------------------------------------------------------------------
+
+CLEAN = aot.KernelResources(
+    symbol="k", arch="gfx950", vgpr=96, sgpr=40, agpr=0, lds_bytes=160 * 1024, scratch_bytes=0,
+    vgpr_spills=0, sgpr_spills=0, waves_per_simd=1, dynamic_stack=False,
+)
+
+
+def test_check_budget_passes_a_clean_kernel_at_the_lds_limit():
+    assert aot.check_budget([CLEAN, replace(CLEAN, arch="gfx942", lds_bytes=64 * 1024)]) == []
+
+
+@pytest.mark.parametrize(
+    "change, expected",
+    [
+        (dict(scratch_bytes=16), "k on gfx950: 16 bytes of scratch"),
+        (dict(vgpr_spills=3), "k on gfx950: spills 3 VGPRs and 0 SGPRs"),
+        (dict(sgpr_spills=1), "spills 0 VGPRs and 1 SGPRs"),
+        (dict(lds_bytes=160 * 1024 + 4, waves_per_simd=0), "163844 bytes of LDS (budget 163840"),
+        (dict(arch="gfx942", lds_bytes=64 * 1024 + 4, waves_per_simd=0), "k on gfx942: 65540 bytes of LDS (budget 65536"),
+        (dict(dynamic_stack=True), "dynamic stack"),
+        (dict(waves_per_simd=0), "does not fit on a CU"),
+    ],
+)
+def test_check_budget_flags_each_violation(change, expected):
+    problems = aot.check_budget([CLEAN, replace(CLEAN, **change)])
+    assert len(problems) == 1
+    assert expected in problems[0]
+
+
+def test_format_report_has_one_aligned_line_per_row():
+    rows = [CLEAN, replace(CLEAN, symbol="hipmla_decode_split_mxfp4_qbf16", arch="gfx942", vgpr_spills=2)]
+    lines = aot.format_report(rows).splitlines()
+    assert len(lines) == 3
+    assert lines[0].split()[:3] == ["symbol", "arch", "VGPR(+AGPR)"]
+    assert lines[2].split() == ["hipmla_decode_split_mxfp4_qbf16", "gfx942", "96", "0", "40", "163840", "0", "2/0", "1"]
+    assert len({len(line) for line in lines}) == 1  # right-aligned numbers end in one column
+
+
+# --- building and reading real code objects -----------------------------------------------
+
+
+@needs_clang
+@pytest.mark.parametrize("arch", ["gfx950", "gfx942"])
+@pytest.mark.parametrize("lds, threads", [(40960, 256), (30000, 64), (4096, 1024)])
+def test_compile_and_read_resources_match_the_compiler(arch, lds, threads, tmp_path):
+    source = lds_kernel("tiny", lds, threads)
+    co = aot.compile_source(source, "tiny", arch, ["-DSCALE=2"], tmp_path)
+    assert co.name.startswith(f"tiny-{arch}-") and co.suffix == ".co"
+    assert co.read_bytes()[:4] == b"\x7fELF"
+    r = aot.read_resources(co)
+    assert (r.symbol, r.arch, r.lds_bytes, r.scratch_bytes, r.agpr) == ("tiny", arch, lds, 0, 0)
+    assert 0 < r.vgpr <= 32 and r.sgpr > 0
+    assert r.waves_per_simd == compiler_occupancy(source, arch, tmp_path)
+    assert aot.check_budget([r]) == []
+
+
+@needs_clang
+@pytest.mark.parametrize("arch", ["gfx950", "gfx942"])
+def test_register_limited_occupancy_matches_the_compiler(arch, tmp_path):
+    co = aot.compile_source(HEAVY_KERNEL, "heavy", arch, [], tmp_path)
+    r = aot.read_resources(co)
+    assert r.vgpr > 64  # really register-limited
+    assert r.waves_per_simd == compiler_occupancy(HEAVY_KERNEL, arch, tmp_path) < 8
+
+
+@needs_clang
+@pytest.mark.parametrize("arch", ["gfx950", "gfx942"])
+def test_vgpr_count_already_includes_agprs(arch, tmp_path):
+    co = aot.compile_source(AGPR_KERNEL, "agpr_user", arch, [], tmp_path)
+    r = aot.read_resources(co, symbol="agpr_user")
+    assert r.agpr == 3
+    # Unified file: arch VGPRs rounded up to 4, then the AGPRs.
+    assert r.vgpr % 4 == 3 and r.vgpr >= 4 + 3
+
+
+@needs_clang
+def test_dynamic_lds_counts_towards_the_budget(tmp_path):
+    co = aot.compile_source(lds_kernel("tiny", 40960, 256), "tiny", "gfx942", ["-DSCALE=1"], tmp_path)
+    assert aot.read_resources(co).waves_per_simd == 1
+    r = aot.read_resources(co, block_threads=256, dynamic_lds_bytes=32768)
+    assert r.lds_bytes == 40960 + 32768
+    assert any("bytes of LDS" in p for p in aot.check_budget([r]))
+
+
+@needs_clang
+def test_scratch_is_reported_and_over_budget(tmp_path):
+    co = aot.compile_source(SCRATCH_KERNEL, "uses_scratch", "gfx950", [], tmp_path)
+    r = aot.read_resources(co)
+    assert r.scratch_bytes >= 64 * 4
+    assert any("bytes of scratch" in p for p in aot.check_budget([r]))
+
+
+@needs_clang
+def test_compile_error_carries_the_compiler_stderr(tmp_path):
+    with pytest.raises(aot.CompileError) as err:
+        aot.compile_source(PRELUDE + "extern \"C\" __global__ void bad() { undefined_thing(); }",
+                           "bad", "gfx950", [], tmp_path)
+    assert "undefined_thing" in err.value.stderr
+    assert "bad for gfx950" in str(err.value)
+    assert err.value.command[0] == aot.find_clang()
+    assert not list(tmp_path.iterdir())  # no partial object left behind
+
+
+@needs_clang
+def test_compile_source_reuses_an_identical_build(tmp_path):
+    source = lds_kernel("tiny", 4096, 256)
+    first = aot.compile_source(source, "tiny", "gfx950", ["-DSCALE=1"], tmp_path)
+    os.utime(first, (1, 1))
+    assert aot.compile_source(source, "tiny", "gfx950", ["-DSCALE=1"], tmp_path) == first
+    assert first.stat().st_mtime == 1  # not rebuilt
+    other = aot.compile_source(source, "tiny", "gfx950", ["-DSCALE=3"], tmp_path)
+    assert other != first
+
+
+def test_compile_source_rejects_unknown_arch(tmp_path):
+    with pytest.raises(ValueError, match="arch: expected one of .* got 'sm_90'"):
+        aot.compile_source("", "k", "sm_90", [], tmp_path)
+
+
+# --- prebuilt lookup ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class FakeSpec:
+    symbol: str
+
+
+@needs_clang
+def test_find_prebuilt_only_for_the_identical_build(monkeypatch, tmp_path):
+    aot_dir = tmp_path / "aot"
+    monkeypatch.setenv("HIPMLA_AOT_DIR", str(aot_dir))
+    monkeypatch.setattr(aot, "DEFAULT_AOT_DIR", tmp_path / "package-aot")
+    source = lds_kernel("tiny", 4096, 256)
+    options = ["-DSCALE=2"]
+    co = aot.compile_source(source, "tiny", "gfx950", options, aot_dir)
+    spec = FakeSpec("tiny")
+
+    assert aot.find_prebuilt(spec, "gfx950", source, options) == co.read_bytes()
+    # Device arch strings carry target features; the featureless build serves them.
+    assert aot.find_prebuilt(spec, "gfx950:sramecc+:xnack-", source, options) == co.read_bytes()
+
+    assert aot.find_prebuilt(spec, "gfx950", source.replace("SCALE", "(SCALE + 1)"), options) is None
+    assert aot.find_prebuilt(spec, "gfx950", source, ["-DSCALE=3"]) is None
+    assert aot.find_prebuilt(spec, "gfx942", source, options) is None
+    assert aot.find_prebuilt(spec, "sm_90", source, options) is None
+    assert aot.find_prebuilt(FakeSpec("other"), "gfx950", source, options) is None
+
+    monkeypatch.delenv("HIPMLA_AOT_DIR")
+    assert aot.find_prebuilt(spec, "gfx950", source, options) is None
+    monkeypatch.setattr(aot, "DEFAULT_AOT_DIR", aot_dir)
+    assert aot.find_prebuilt(spec, "gfx950", source, options) == co.read_bytes()
+
+
+def test_find_prebuilt_ignores_the_compiler_but_not_the_key(monkeypatch, tmp_path):
+    # Objects of two compilers for the same key are both valid; the newest is taken.
+    monkeypatch.setenv("HIPMLA_AOT_DIR", str(tmp_path))
+    monkeypatch.setattr(aot, "DEFAULT_AOT_DIR", tmp_path / "none")
+    key = aot.object_key("src", ["-DA=1"], "gfx942")
+    old = tmp_path / f"k-gfx942-{key}-aaaaaaaaaaaaaaaa.co"
+    new = tmp_path / f"k-gfx942-{key}-bbbbbbbbbbbbbbbb.co"
+    old.write_bytes(b"old")
+    new.write_bytes(b"new")
+    os.utime(old, (1, 1))
+    assert aot.find_prebuilt(FakeSpec("k"), "gfx942", "src", ["-DA=1"]) == b"new"
+    assert aot.find_prebuilt(FakeSpec("k"), "gfx942", "src ", ["-DA=1"]) is None
+
+
+# --- CLI -----------------------------------------------------------------------------------
+
+
+def test_main_prints_the_report_and_fails_on_violations(monkeypatch, capsys, tmp_path):
+    calls = []
+
+    def fake_build_all(archs, out_dir, jobs):
+        calls.append((archs, out_dir, jobs))
+        return [CLEAN, replace(CLEAN, symbol="spiller", vgpr_spills=4)]
+
+    monkeypatch.setattr(aot, "build_all", fake_build_all)
+    assert aot.main(["--arch", "gfx950, gfx942", "--out", str(tmp_path), "--jobs", "3"]) == 1
+    assert calls == [(["gfx950", "gfx942"], tmp_path, 3)]
+    out, err = capsys.readouterr()
+    assert "spiller" in out and "k " in out
+    assert "over budget: spiller on gfx950: spills 4 VGPRs" in err
+
+    monkeypatch.setattr(aot, "build_all", lambda archs, out_dir, jobs: [CLEAN])
+    assert aot.main([]) == 0
+
+
+def test_main_reports_build_failures(monkeypatch, capsys):
+    def failing(archs, out_dir, jobs):
+        raise aot.CompileError("1 of 2 builds failed", [], "k.hip:1:1: error: boom")
+
+    monkeypatch.setattr(aot, "build_all", failing)
+    assert aot.main(["--arch", "gfx950"]) == 2
+    assert "error: boom" in capsys.readouterr().err
+
+
+
+# --- build_all ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TinySpec:
+    """Stands in for hipmla.kernels.KernelSpec; ``source`` is the whole translation unit."""
+
+    symbol: str
+    source: str
+    block_threads: int = 256
+    dynamic_shared_bytes: int = 0
+
+    def options(self, arch: str) -> list[str]:
+        return ["-DSCALE=2"] + (["-DON_GFX942=1"] if arch == "gfx942" else [])
+
+
+@pytest.fixture
+def fake_kernels(monkeypatch):
+    """Makes build_all see the given specs, whose sources are their own TUs."""
+
+    def install(specs):
+        monkeypatch.setattr(aot, "all_kernels", lambda: list(specs))
+        monkeypatch.setattr(aot, "translation_unit", lambda source: source)
+
+    return install
+
+
+@needs_clang
+def test_build_all_compiles_every_kernel_for_every_arch(fake_kernels, monkeypatch, tmp_path):
+    specs = [
+        TinySpec("tiny", lds_kernel("tiny", 40960, 256)),
+        TinySpec("heavy", HEAVY_KERNEL, dynamic_shared_bytes=1024),
+        TinySpec("uses_scratch", SCRATCH_KERNEL),
+    ]
+    fake_kernels(specs)
+    rows = aot.build_all(["gfx950", "gfx942"], tmp_path, jobs=2)
+    assert [(r.symbol, r.arch) for r in rows] == [
+        (s.symbol, arch) for arch in ("gfx950", "gfx942") for s in specs
+    ]
+    assert rows[0].lds_bytes == 40960 and rows[1].lds_bytes == 1024
+    assert len(list(tmp_path.glob("*.co"))) == 6
+    # What the runtime asks for (translation unit + spec.options(arch)) finds these builds.
+    monkeypatch.setenv("HIPMLA_AOT_DIR", str(tmp_path))
+    for spec in specs:
+        for arch in ("gfx950", "gfx942"):
+            code = aot.find_prebuilt(spec, arch, spec.source, spec.options(arch))
+            assert code is not None and code[:4] == b"\x7fELF"
+    problems = aot.check_budget(rows)
+    assert [p.split(":")[0] for p in problems] == ["uses_scratch on gfx950", "uses_scratch on gfx942"]
+
+
+def test_build_all_rejects_bad_arguments(fake_kernels, tmp_path):
+    fake_kernels([])
+    with pytest.raises(ValueError, match="arch: expected one of"):
+        aot.build_all(["gfx950", "gfx1200"], tmp_path)
+    with pytest.raises(ValueError, match="archs: expected a non-empty list"):
+        aot.build_all("gfx950", tmp_path)
+    with pytest.raises(ValueError, match="jobs: expected an integer >= 1, got 0"):
+        aot.build_all(["gfx950"], tmp_path, jobs=0)
+
+
+@needs_clang
+def test_build_all_reports_every_failure(fake_kernels, tmp_path):
+    fake_kernels([
+        TinySpec("broken_one", PRELUDE + 'extern "C" __global__ void broken_one() { nope_one(); }'),
+        TinySpec("tiny", lds_kernel("tiny", 4096, 256)),
+        TinySpec("broken_two", PRELUDE + 'extern "C" __global__ void broken_two() { nope_two(); }'),
+    ])
+    with pytest.raises(aot.CompileError, match="2 of 3 builds failed") as err:
+        aot.build_all(["gfx950"], tmp_path)
+    assert "nope_one" in err.value.stderr and "nope_two" in err.value.stderr
+
+
+@pytest.fixture(scope="module")
+def gfx950_rows(tmp_path_factory):
+    kernels = pytest.importorskip("hipmla.kernels")
+    if not _have_clang():
+        pytest.skip("no clang that targets gfx950")
+    return kernels, aot.build_all(["gfx950"], tmp_path_factory.mktemp("aot-gfx950"), jobs=2)
+
+
+def test_all_project_kernels_build_for_gfx950_within_budget(gfx950_rows):
+    kernels, rows = gfx950_rows
+    assert sorted(r.symbol for r in rows) == sorted(s.symbol for s in kernels.all_kernels())
+    assert all(r.arch == "gfx950" and r.waves_per_simd >= 1 for r in rows)
+    assert aot.check_budget(rows) == [], aot.format_report(rows)
