@@ -96,7 +96,8 @@ def bf16_from_bits(bits: np.ndarray) -> np.ndarray:
 def e8m0_to_f32(scales: np.ndarray) -> np.ndarray:
     """2^(s - 127) for E8M0 codes; 255 is NaN. Exact in f32 (0 gives the subnormal 2^-127)."""
     s = np.asarray(scales, dtype=np.uint8)
-    out = np.ldexp(np.float32(1.0), s.astype(np.int32) - 127).astype(np.float32)
+    with np.errstate(over="ignore"):  # 255 overflows here and becomes NaN below
+        out = np.ldexp(np.float32(1.0), s.astype(np.int32) - 127).astype(np.float32)
     out[s == 255] = np.nan
     return out
 
@@ -108,7 +109,10 @@ def mx_scale_exponent(amax: np.ndarray, rule: str, emax: int) -> np.ndarray:
     a = np.asarray(amax, dtype=np.float32)
     if rule == "even":
         bits = (a.view(np.uint32) + np.uint32(0x200000)) & np.uint32(0xFF800000)
-        a = bits.view(np.float32)
+        rounded = bits.view(np.float32)
+        # Rounding amax >= 1.75 * 2^127 up would overflow to inf; such a block keeps its
+        # own binade (scale 2^125), the largest that still decodes to finite values.
+        a = np.where(np.isinf(rounded), a, rounded)
     # frexp is exact for subnormals too: a = m * 2^e with m in [0.5, 1).
     _, e = np.frexp(a)
     e = np.where(a > 0, e.astype(np.int32) - 1, -127)

@@ -102,7 +102,8 @@ def random_seq_lens(rng: np.random.Generator, max_batch: int = 300, max_len: int
     kind = rng.random(batch)
     lens = rng.integers(0, max_len + 1, size=batch)
     lens = np.where(kind < 0.1, 0, lens)  # empty
-    lens = np.where((kind >= 0.1) & (kind < 0.3), rng.integers(1, 200, size=batch), lens)  # short
+    short = rng.integers(1, max(min(200, max_len + 1), 2), size=batch)
+    lens = np.where((kind >= 0.1) & (kind < 0.3), np.minimum(short, max_len), lens)  # short
     return lens.astype(np.int64)
 
 

@@ -35,7 +35,7 @@ def check_array(
     if shape is not None:
         for axis, (want, got) in enumerate(zip(shape, arr.shape)):
             if want is not None and want != got:
-                expect = tuple("*" if s is None else s for s in shape)
+                expect = "(" + ", ".join("*" if s is None else str(s) for s in shape) + ")"
                 raise ValueError(
                     f"{name}: expected shape {expect}, got {arr.shape} (axis {axis})"
                 )

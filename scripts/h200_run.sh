@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# What one device call runs on the NVIDIA H200 (see README, "NVIDIA platform").
+#   scripts/h200_run.sh tests|check|bench   — logs go to $OUT (default ./out)
+set -uo pipefail
+OUT=${OUT:-out}
+mkdir -p "$OUT"
+if [ -d .whl ]; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+    export PYTHONPATH=/tmp/site:$PWD
+fi
+export PYTHONUNBUFFERED=1 HIPMLA_CACHE_DIR=/tmp/hipmla-cache
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/device.txt"
+python3 -m hipmla nvidia-runtime 2>&1 | tail -1
+for step in "$@"; do
+    case "$step" in
+    tests)
+        timeout 420 python3 -m pytest -q -m gpu -n 8 -p no:cacheprovider tests 2>&1 | tee "$OUT/gpu_tests.log" | tail -25 ;;
+    sanitize)
+        for tool in memcheck racecheck; do
+            timeout 200 compute-sanitizer --tool $tool --target-processes all python3 scripts/sanitize_case.py \
+                > "$OUT/sanitizer_$tool.log" 2>&1
+            echo "sanitizer $tool rc=$?"; grep -E "ERROR SUMMARY|RACECHECK SUMMARY|max \|" "$OUT/sanitizer_$tool.log" | tail -5
+        done ;;
+    check)
+        timeout 400 python3 -m hipmla check --format all --sample 8 2>/dev/null | tee "$OUT/check.txt" ;;
+    bench)
+        timeout 500 python3 -m hipmla bench --iters 50 --out "$OUT" 2>"$OUT/bench_progress.log" | tee "$OUT/bench.txt" ;;
+    esac
+done

@@ -1,0 +1,163 @@
+"""hipmla.emulate: the modelled error of each Q precision against exact attention,
+independence from the plan, the numerics of KERNELS.md on hand-built cases, and the
+edge cases (one token, empty sequences)."""
+
+from __future__ import annotations
+
+import math
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from hipmla.emulate import emulate_decode, quantize_q
+from hipmla.formats import quantize_kv
+from hipmla.inputs import make_inputs
+from hipmla.plan import make_plan
+from hipmla.reference import mla_decode_reference
+
+# Ragged lengths with an empty sequence, a single token, partial tiles and several tiles.
+LENS = [300, 0, 1, 37, 128, 700, 65]
+
+
+def rel_l2(got: np.ndarray, want: np.ndarray) -> float:
+    return float(np.linalg.norm(got.astype(np.float64) - want) / np.linalg.norm(want))
+
+
+@pytest.fixture(scope="module", params=["bf16", "fp8", "mxfp4"])
+def case(request):
+    inp = make_inputs(LENS, request.param, seed=21)
+    ref = mla_decode_reference(inp.q, inp.kv, inp.kv_indptr, inp.sm_scale)
+    return inp, ref
+
+
+# Measured on this data (seed 21, 16 heads, N(0,1), sm_scale 1/sqrt(576)), relative L2
+# error of the output against the exact reference, for the bf16 / fp8 / mxfp4 caches:
+#   bf16 Q   7.3e-4 / 1.7e-3 / 7.3e-4   (bf16 rounding of P dominates; with the fp8 cache
+#            the one-token sequence adds bf16(v) != v, as 1/56-scaled values are not bf16)
+#   fp8 Q    1.0e-2 / 1.0e-2 / 9.9e-3
+#   mxfp4 Q  3.8e-2 / 3.8e-2 / 3.9e-2
+# and max |LSE error| 7e-4 (bf16 Q), 8e-2 (fp8 Q), 0.3 (mxfp4 Q). Bounds leave ~2x margin.
+BOUNDS = {"bf16": (4e-3, 3e-3), "fp8": (2.5e-2, 0.2), "mxfp4": (8e-2, 0.6)}
+
+
+def test_modelled_error_per_q_precision(case):
+    inp, (ref_out, ref_lse) = case
+    plan = make_plan(inp.seq_lens, 80)
+    live = np.flatnonzero(inp.seq_lens > 0)
+    errors = {}
+    for qp, (out_bound, lse_bound) in BOUNDS.items():
+        out, lse = emulate_decode(inp.q, inp.kv, plan, inp.sm_scale, q_precision=qp)
+        assert out.dtype == ml_dtypes.bfloat16 and out.shape == (len(LENS), 16, 512)
+        assert lse.dtype == np.float32 and lse.shape == (len(LENS), 16)
+        errors[qp] = rel_l2(out[live].astype(np.float32), ref_out[live])
+        lse_err = float(np.abs(lse[live] - ref_lse[live]).max())
+        assert errors[qp] < out_bound, f"q_precision={qp}: relative L2 error {errors[qp]:.2e}"
+        assert lse_err < lse_bound, f"q_precision={qp}: max LSE error {lse_err:.2e}"
+    # what the Q precision costs: each cheaper format at least doubles the error
+    assert 2 * errors["bf16"] < errors["fp8"] and 2 * errors["fp8"] < errors["mxfp4"], errors
+
+
+def test_plans_with_different_cu_counts_agree(case):
+    inp, _ = case
+    one = make_plan(inp.seq_lens, 1, items_per_cu=1)
+    many = make_plan(inp.seq_lens, 304, min_split_tokens=128)
+    assert one.n_work == len(LENS) and not one.needs_combine
+    assert list(many.splits_per_seq()) == [3, 1, 1, 1, 1, 6, 1]  # one split per 128 tokens
+    for qp in ("bf16", "mxfp4"):
+        out1, lse1 = emulate_decode(inp.q, inp.kv, one, inp.sm_scale, q_precision=qp)
+        out2, lse2 = emulate_decode(inp.q, inp.kv, many, inp.sm_scale, q_precision=qp)
+        o1, o2 = out1.astype(np.float32), out2.astype(np.float32)
+        # measured: 6e-4 of the output scale, 4e-4 in LSE
+        assert np.abs(o1 - o2).max() <= 1e-2 * np.abs(o1).max()
+        np.testing.assert_allclose(lse2, lse1, rtol=1e-3, atol=1e-3)
+        assert np.isneginf(lse1[1]).all() and np.isneginf(lse2[1]).all()
+
+
+def test_seqs_subset_equals_full_rows(case):
+    inp, _ = case
+    plan = make_plan(inp.seq_lens, 132)
+    out, lse = emulate_decode(inp.q, inp.kv, plan, inp.sm_scale)
+    sel = [5, 1, 0]
+    sub_out, sub_lse = emulate_decode(inp.q, inp.kv, plan, inp.sm_scale, seqs=sel)
+    np.testing.assert_array_equal(sub_out.view(np.uint16), out[sel].view(np.uint16))
+    np.testing.assert_array_equal(sub_lse, lse[sel])
+
+
+def test_empty_sequences_give_zero_and_neg_inf():
+    inp = make_inputs([0, 5, 0], "mxfp4", seed=22, heads=4)
+    for cus in (1, 256):
+        out, lse = emulate_decode(inp.q, inp.kv, make_plan(inp.seq_lens, cus), inp.sm_scale)
+        assert (out[[0, 2]].astype(np.float32) == 0).all() and np.isneginf(lse[[0, 2]]).all()
+        assert np.isfinite(lse[1]).all() and np.abs(out[1].astype(np.float32)).max() > 0
+    only_empty = make_inputs([0], "bf16", seed=22, heads=2)
+    out, lse = emulate_decode(only_empty.q, only_empty.kv, make_plan([0], 8), 0.1)
+    assert out.shape == (1, 2, 512) and (out.astype(np.float32) == 0).all() and np.isneginf(lse).all()
+
+
+@pytest.mark.parametrize("fmt", ["bf16", "fp8", "mxfp4"])
+def test_single_token_returns_bf16_of_v(fmt):
+    # One token: m = s, p = bf16(exp2(0)) = 1, l = 1, acc = v, so out = bf16(v) and
+    # lse = s * ln 2 = sm_scale * (q . k) up to the f32 roundings of the score.
+    inp = make_inputs([2, 1], fmt, seed=23, heads=16, sm_scale=0.05)
+    out, lse = emulate_decode(inp.q, inp.kv, make_plan(inp.seq_lens, 8), 0.05)
+    row = inp.kv.dequantize(slice(2, 3))[0]
+    want = np.broadcast_to(row[:512].astype(ml_dtypes.bfloat16), (16, 512))
+    # compared as values: the f32 accumulator turns a cache's -0 into +0, as the device does
+    np.testing.assert_array_equal(out[1].astype(np.float32), want.astype(np.float32))
+    score = 0.05 * (inp.q[1].astype(np.float64) @ row.astype(np.float64))
+    np.testing.assert_allclose(lse[1], score, rtol=1e-6, atol=1e-6)
+
+
+def test_probabilities_are_rounded_to_bf16():
+    # Two tokens, scores 0 and t: KERNELS.md gives p1 = bf16(exp2(t * c)), l = 1 + p1,
+    # lse = log2(l) * ln 2. Unrounded p1 would move lse by ~1e-3 relative: visible in f32.
+    t = float(np.float32(-1.3).astype(ml_dtypes.bfloat16))
+    k = np.zeros((2, 576), np.float32)
+    k[0, 0] = 1.0  # score 0, V = e0
+    k[1, 1] = 1.0  # V = e1
+    k[1, 512] = t  # score t through the rope part
+    kv = quantize_kv(k, "bf16")
+    q = np.zeros((1, 1, 576), np.float32)
+    q[0, 0, 512] = 1.0
+    out, lse = emulate_decode(q, kv, make_plan([2], 1), 1.0)
+    c = np.float32(np.float32(1.0) * np.float32(math.log2(math.e)))
+    p1 = np.float32(np.float32(2.0 ** float(np.float32(t) * c)).astype(ml_dtypes.bfloat16))
+    l = np.float32(1) + p1
+    assert lse[0, 0] == pytest.approx(math.log(float(l)), rel=5e-7)
+    assert abs(float(lse[0, 0]) - math.log1p(2.0 ** (t * math.log2(math.e)))) > 1e-5  # the rounding shows
+    assert out[0, 0, 1] == (p1 / l).astype(ml_dtypes.bfloat16)
+    assert out[0, 0, 0] == (np.float32(1) / l).astype(ml_dtypes.bfloat16)
+    assert (out[0, 0, 2:].astype(np.float32) == 0).all()
+
+
+def test_quantize_q():
+    rng = np.random.default_rng(24)
+    q = rng.standard_normal((3, 16, 576)).astype(np.float32).astype(ml_dtypes.bfloat16).astype(np.float32)
+    np.testing.assert_array_equal(quantize_q(q, "bf16"), q)
+    fn = quantize_q(q, "fp8")
+    fnuz = quantize_q(q, "fp8", "e4m3fnuz")
+    fp4 = quantize_q(q, "mxfp4")
+    # block-relative bounds: rounding 2^-4 (e4m3), saturation of the top binade 1/8 (e4m3fn)
+    for got, bound in ((fn, 0.125), (fnuz, 0.125), (fp4, 0.25)):
+        blocks = np.abs(q.reshape(-1, 32)).max(axis=1, keepdims=True)
+        assert (np.abs(got - q).reshape(-1, 32) <= bound * blocks).all()
+    assert not np.array_equal(fn, fnuz)  # the variant reaches the quantizer (max 448 vs 240)
+    assert rel_l2(fn, q) < rel_l2(fp4, q) / 3  # measured 2.9e-2 vs 1.1e-1
+    with pytest.raises(ValueError, match=r"q_precision: .*'mxfp4'.*'int8'"):
+        quantize_q(q, "int8")
+    with pytest.raises(ValueError, match=r"fp8_variant: "):
+        quantize_q(q, "fp8", "e5m2")
+
+
+def test_argument_errors():
+    inp = make_inputs([3, 4], "bf16", seed=25, heads=2)
+    plan = make_plan(inp.seq_lens, 8)
+    with pytest.raises(ValueError, match=r"q: .*2 from kv_indptr.*1"):
+        emulate_decode(inp.q[:1], inp.kv, plan, 0.1)
+    with pytest.raises(ValueError, match=r"sm_scale: "):
+        emulate_decode(inp.q, inp.kv, plan, -1.0)
+    with pytest.raises(ValueError, match=r"kv_indptr: last entry 9 exceeds the 7 rows"):
+        emulate_decode(inp.q, inp.kv, make_plan([3, 6], 8), 0.1)
+    with pytest.raises(ValueError, match=r"q_precision: "):
+        emulate_decode(inp.q, inp.kv, plan, 0.1, q_precision="fp4")
