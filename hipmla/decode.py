@@ -32,25 +32,26 @@ LOG2E = 1.4426950408889634
 
 
 def fp8_variant_for(arch: str) -> str:
-    """gfx942 reads e4m3fnuz, every other target OCP e4m3fn."""
-    return "e4m3fnuz" if arch.startswith("gfx942") else "e4m3fn"
+    """MI300-class targets (gfx940-942) read e4m3fnuz, every other target OCP e4m3fn."""
+    return "e4m3fnuz" if arch.split(":")[0] in kernels.FNUZ_ARCHS else "e4m3fn"
 
 
 # ----------------------------------------------------------------------------- pointers
 
 
 def device_ptr(obj, name: str, *, itemsize: int, shape: tuple | None = None,
-               kinds: str = "uifV") -> int:
+               kinds: str = "uifV", align: int = 4) -> int:
     """Address of a device buffer given as an int or a ``__cuda_array_interface__``.
 
-    For an interface object, ``shape`` (``None`` entries match anything), the element
-    size and C-contiguity are checked. A raw address cannot be checked: it is the
-    caller's promise.
+    The address must be ``align``-byte aligned (the kernels load Q and KV rows 16 bytes
+    at a time). For an interface object, ``shape`` (``None`` entries match anything),
+    the element size and C-contiguity are checked too. The extent behind a raw address
+    cannot be checked: it is the caller's promise.
     """
     if isinstance(obj, (int, np.integer)) and not isinstance(obj, bool):
         if obj <= 0:
             raise ValueError(f"{name}: expected a non-null device address, got {obj}")
-        return int(obj)
+        return _aligned(int(obj), name, align)
     cai = getattr(obj, "__cuda_array_interface__", None)
     if cai is None:
         if isinstance(obj, np.ndarray):
@@ -75,6 +76,12 @@ def device_ptr(obj, name: str, *, itemsize: int, shape: tuple | None = None,
     ptr = int(cai["data"][0])
     if ptr == 0 and int(np.prod(got_shape, dtype=np.int64)) > 0:
         raise ValueError(f"{name}: null data pointer")
+    return _aligned(ptr, name, align)
+
+
+def _aligned(ptr: int, name: str, align: int) -> int:
+    if ptr % align:
+        raise ValueError(f"{name}: device address {ptr:#x} is not {align}-byte aligned")
     return ptr
 
 
@@ -169,16 +176,16 @@ class Decoder:
         b, h = plan.batch, cfg.heads
         fmt = cfg.kv_format
         p = self._params
-        p.q = device_ptr(q, "q", itemsize=2, shape=(b, h, kernels.D_QK))
+        p.q = device_ptr(q, "q", itemsize=2, shape=(b, h, kernels.D_QK), align=16)
         kv_cols = kernels.D_QK // 2 if fmt == "mxfp4" else kernels.D_QK
-        p.kv = device_ptr(kv, "kv", itemsize=2 if fmt == "bf16" else 1, shape=(None, kv_cols))
+        p.kv = device_ptr(kv, "kv", itemsize=2 if fmt == "bf16" else 1, shape=(None, kv_cols), align=16)
         _check_rows(kv, "kv", plan.plan.total_tokens)
         p.kv_indptr = device_ptr(kv_indptr, "kv_indptr", itemsize=4, shape=(b + 1,), kinds="i")
         p.out = device_ptr(out, "out", itemsize=2, shape=(b, h, kernels.D_V))
         p.lse = 0 if lse is None else device_ptr(lse, "lse", itemsize=4, shape=(b, h), kinds="f")
         if fmt == "mxfp4":
             stride = _scale_stride(kv_scale, kv_scale_stride)
-            p.kv_scale = device_ptr(kv_scale, "kv_scale", itemsize=1, shape=(None, stride))
+            p.kv_scale = device_ptr(kv_scale, "kv_scale", itemsize=1, shape=(None, stride), align=1)
             _check_rows(kv_scale, "kv_scale", plan.plan.total_tokens)
             p.stride_kv_scale = stride
             p.kv_fp8_scale = 1.0

@@ -100,16 +100,18 @@ def emulate_decode(
     sm_scale: float,
     *,
     q_precision: str = "bf16",
+    q_fp8_variant: str | None = None,
     seqs=None,
     tile_tokens: int = TILE_TOKENS,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Predicted device output ``(n, h, 512)`` bf16 and LSE ``(n, h)`` f32 for the
-    sequences ``seqs`` (default all) under ``plan``."""
+    sequences ``seqs`` (default all) under ``plan``. ``q_fp8_variant`` is the e4m3
+    flavour the target quantizes fp8 Q to (default: the cache's)."""
     indptr = plan.kv_indptr
     qf = check_q(q, batch=plan.batch)
     check_kv(kv, indptr)
     scale_log2 = np.float32(np.float32(check_positive_finite(sm_scale, "sm_scale")) * LOG2E)
-    qq = quantize_q(qf, q_precision, kv.fp8_variant)
+    qq = quantize_q(qf, q_precision, q_fp8_variant or kv.fp8_variant)
     sel = np.arange(plan.batch) if seqs is None else np.asarray(seqs, dtype=np.int64)
     wanted = np.zeros(plan.batch, dtype=bool)
     wanted[sel] = True

@@ -161,7 +161,8 @@ def test_quantized_q_matches_its_emulator(decoders, q_precision):
     inputs = make_inputs(lens, "mxfp4", seed=3)
     out, lse = dec.decode(inputs.q, inputs.kv, inputs.kv_indptr)
     plan = dec.plan(kv_indptr=inputs.kv_indptr)
-    emu_out, emu_lse = emulate_decode(inputs.q, inputs.kv, plan.plan, inputs.sm_scale, q_precision=q_precision)
+    emu_out, emu_lse = emulate_decode(inputs.q, inputs.kv, plan.plan, inputs.sm_scale, q_precision=q_precision,
+                                      q_fp8_variant=dec.fp8_variant)
     dec.release(plan)
     assert_close_to_emulator(out, lse, emu_out, emu_lse, f"q {q_precision}")
 
@@ -337,3 +338,11 @@ def test_raw_addresses_work_like_interfaces(decoders):
     dec.release(plan)
     for a in d + [d_out]:
         a.free()
+
+
+def test_device_ptr_checks_alignment():
+    with pytest.raises(ValueError, match="16-byte aligned"):
+        decode.device_ptr(0x1008, "kv", itemsize=1, align=16)
+    with pytest.raises(ValueError, match="q: device address"):
+        decode.device_ptr(FakeCAI((1, 16, 576), "<u2", 0x1002), "q", itemsize=2, align=16)
+    assert decode.device_ptr(0x1001, "kv_scale", itemsize=1, align=1) == 0x1001

@@ -1,0 +1,130 @@
+// Bit-exact number formats: bf16, e4m3 (fn and fnuz), E2M1, E8M0, and the MX
+// quantization of Q. These are the rounding rules of hip_src/KERNELS.md; the numpy side
+// (hipmla/formats.py) implements the same ones, so both must change together.
+#pragma once
+
+#include "common/platform.h"
+
+namespace hipmla {
+
+// ------------------------------------------------------------------------------ bf16
+
+HIPMLA_DEVICE float bf16_to_f32(unsigned bits16) { return f32_from_bits(bits16 << 16); }
+
+// Round to nearest, ties to even; NaN stays NaN (made quiet) with its sign.
+HIPMLA_DEVICE unsigned f32_to_bf16_bits(float x) {
+    const unsigned u = bits_from_f32(x);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (u >> 16) | 0x40u;
+    return (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+}
+
+HIPMLA_DEVICE float round_bf16(float x) { return bf16_to_f32(f32_to_bf16_bits(x)); }
+
+// Two values into one word, the first in the low half (memory order).
+HIPMLA_DEVICE unsigned pack_bf16x2(float lo, float hi) {
+    return f32_to_bf16_bits(lo) | (f32_to_bf16_bits(hi) << 16);
+}
+
+// ------------------------------------------------------------------------------ e4m3
+
+// e4m3fn (OCP; bias 7, 0x7f/0xff are NaN, max 448) or e4m3fnuz (gfx942; bias 8, only
+// 0x80 is NaN, max 240). Subnormals are m * 2^(1 - bias - 3).
+template <bool FNUZ>
+HIPMLA_DEVICE float fp8_to_f32(unsigned byte) {
+    constexpr unsigned bias = FNUZ ? 8u : 7u;
+    constexpr float subnormal_unit = FNUZ ? 0.0009765625f : 0.001953125f;  // 2^-10, 2^-9
+    const unsigned mag = byte & 0x7fu;
+    const float normal = f32_from_bits((mag << 20) + ((127u - bias) << 23));
+    const float magnitude = (mag >> 3) != 0 ? normal : float(mag) * subnormal_unit;
+    const bool nan = FNUZ ? byte == 0x80u : mag == 0x7fu;
+    return nan ? f32_from_bits(0x7fc00000u) : f32_from_bits(bits_from_f32(magnitude) | ((byte & 0x80u) << 24));
+}
+
+// ------------------------------------------------------------------------------ E2M1, E8M0
+
+// Twice the E2M1 value of a nibble (an integer in -12..12): the magnitudes
+// {0, .5, 1, 1.5, 2, 3, 4, 6} doubled fit one nibble each of 0xC8643210.
+HIPMLA_DEVICE float e2m1_twice(unsigned nibble) {
+    const float twice = float((0xC8643210u >> ((nibble & 7u) * 4u)) & 0xfu);
+    return f32_from_bits(bits_from_f32(twice) | ((nibble & 8u) << 28));
+}
+
+// Half of an E8M0 scale, 2^(s - 128), so that e2m1_twice(n) * e8m0_half(s) is the MX
+// value. Code 0 (2^-128) and 1 (2^-127) are f32 subnormals; 255 is NaN.
+HIPMLA_DEVICE float e8m0_half(unsigned s) {
+    if (s == 255u) return f32_from_bits(0x7fc00000u);
+    return f32_from_bits(s <= 1u ? 0x00200000u << s : (s - 1u) << 23);
+}
+
+// ------------------------------------------------------------------------------ MX quantization
+
+// MX element formats: `mant` mantissa bits, smallest normal exponent `emin`, largest
+// finite value `max_value` and its exponent `emax` (which sets the block scale).
+// Static scalar members rather than constexpr objects: NVRTC lets device code read
+// those without flags.
+struct E2M1 {
+    static constexpr int mant = 1, emin = 0, emax = 2;
+    static constexpr float max_value = 6.0f;
+};
+struct E4M3FN {
+    static constexpr int mant = 3, emin = -6, emax = 8;
+    static constexpr float max_value = 448.0f;
+};
+struct E4M3FNUZ {
+    static constexpr int mant = 3, emin = -7, emax = 7;
+    static constexpr float max_value = 240.0f;
+};
+
+// 2^e for e in [-127, 127], exactly (2^-127 is an f32 subnormal).
+HIPMLA_DEVICE float exp2_int(int e) {
+    return f32_from_bits(e > -127 ? unsigned(e + 127) << 23 : 0x00400000u);
+}
+
+// Block exponent: clamp(floor(log2(amax)) - emax, -127, 127), and -127 for amax 0.
+// A zero or subnormal amax has floor(log2) <= -127, which the clamp takes care of.
+HIPMLA_DEVICE int mx_block_exponent(float amax, int emax) {
+    const int biased = int((bits_from_f32(amax) >> 23) & 0xffu);
+    const int e = biased - 127 - emax;
+    return e < -127 ? -127 : (e > 127 ? 127 : e);
+}
+
+// y rounded to the element grid, nearest-even, saturating at +-max_value. Adding 2^k
+// rounds to a multiple of 2^(k-23) in f32 itself; k is chosen so that multiple is the
+// element's quantum in the binade of |y| (or the subnormal quantum below emin).
+template <class F>
+HIPMLA_DEVICE float mx_round_element(float y) {
+    const unsigned sign = bits_from_f32(y) & 0x80000000u;
+    const float a = f32_from_bits(bits_from_f32(y) & 0x7fffffffu);
+    float r = F::max_value;
+    if (a < F::max_value) {
+        int e = int(bits_from_f32(a) >> 23) - 127;
+        e = e < F::emin ? F::emin : e;
+        const float magic = f32_from_bits(unsigned(e - F::mant + 23 + 127) << 23);
+        r = (a + magic) - magic;
+    }
+    return f32_from_bits(bits_from_f32(r) | sign);
+}
+
+// Quantize-dequantize 32 bf16 values in place with an E8M0 scale (OCP floor rule) and
+// element format F. The dequantized value r * 2^e is exact in f32; it is stored back as
+// bf16, which is exact too unless |value| < 2^-126 (only when amax < 2^-117). Two passes
+// over shared memory and partial unrolling keep the 32 values out of registers: fully
+// unrolled, this prelude alone set the kernel's register peak on sm_90.
+template <class F>
+HIPMLA_DEVICE void mx_quantize_block_bf16(unsigned short* x) {
+    float amax = 0.0f;
+#pragma unroll 4
+    for (int i = 0; i < MX_BLOCK; ++i) {
+        const float a = f32_from_bits((unsigned(x[i]) << 16) & 0x7fffffffu);
+        amax = a > amax ? a : amax;
+    }
+    const int e = mx_block_exponent(amax, F::emax);
+    const float down = exp2_int(-e);
+    const float up = exp2_int(e);
+#pragma unroll 4
+    for (int i = 0; i < MX_BLOCK; ++i) {
+        x[i] = (unsigned short)f32_to_bf16_bits(mx_round_element<F>(bf16_to_f32(x[i]) * down) * up);
+    }
+}
+
+}  // namespace hipmla

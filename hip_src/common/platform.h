@@ -1,0 +1,76 @@
+// Everything that differs between the compilers hipmla's kernels meet, in one place.
+//
+// The same source is built by hiprtc and by offline clang (-nogpuinc, so no HIP header
+// defines __global__, threadIdx or __syncthreads) for AMD GPUs, and by NVRTC for NVIDIA
+// GPUs. On AMD both compilers are clang, so the clang attributes and amdgcn builtins
+// serve both and no HIP header is needed; NVRTC gets the CUDA spellings. Kernel bodies
+// use only the names below and never test the platform themselves.
+//
+// Nothing here assumes a warp width: kernels synchronise through shared memory and
+// block_sync() only, so 64-lane wavefronts and 32-lane warps run the same code.
+#pragma once
+
+#if defined(HIPMLA_HOST_PLATFORM)
+// A CPU test harness (tests/test_kernels.py) defines the names below itself and runs
+// the kernels with one host thread per GPU thread.
+#elif defined(__AMDGCN__)
+
+#define HIPMLA_DEVICE __attribute__((device)) __attribute__((always_inline)) inline
+#define HIPMLA_SHARED __attribute__((shared))
+// The work-group bound lets the register allocator budget for `threads`, not for 1024.
+#define HIPMLA_KERNEL(threads) \
+    extern "C" __attribute__((global)) __attribute__((amdgpu_flat_work_group_size(1, threads)))
+
+namespace hipmla {
+
+typedef unsigned int u32x2 __attribute__((ext_vector_type(2)));
+typedef unsigned int u32x4 __attribute__((ext_vector_type(4)));
+typedef float f32x2 __attribute__((ext_vector_type(2)));
+typedef float f32x4 __attribute__((ext_vector_type(4)));
+
+HIPMLA_DEVICE unsigned thread_index() { return __builtin_amdgcn_workitem_id_x(); }
+HIPMLA_DEVICE unsigned block_index() { return __builtin_amdgcn_workgroup_id_x(); }
+
+// What __syncthreads is on AMD: the fences make shared-memory writes before the barrier
+// visible to every wave of the block after it.
+HIPMLA_DEVICE void block_sync() {
+    __builtin_amdgcn_fence(__ATOMIC_RELEASE, "workgroup");
+    __builtin_amdgcn_s_barrier();
+    __builtin_amdgcn_fence(__ATOMIC_ACQUIRE, "workgroup");
+}
+
+HIPMLA_DEVICE float f32_from_bits(unsigned u) { return __builtin_bit_cast(float, u); }
+HIPMLA_DEVICE unsigned bits_from_f32(float x) { return __builtin_bit_cast(unsigned, x); }
+// llvm.exp2 / llvm.log2: the backend expands them with denormal handling, no libcall.
+HIPMLA_DEVICE float exp2_f32(float x) { return __builtin_exp2f(x); }
+HIPMLA_DEVICE float log2_f32(float x) { return __builtin_log2f(x); }
+
+}  // namespace hipmla
+
+#elif defined(__CUDACC__)
+
+#define HIPMLA_DEVICE __device__ __forceinline__
+#define HIPMLA_SHARED __shared__
+#define HIPMLA_KERNEL(threads) extern "C" __global__ __launch_bounds__(threads)
+
+namespace hipmla {
+
+typedef uint2 u32x2;
+typedef uint4 u32x4;
+typedef float2 f32x2;
+typedef float4 f32x4;
+
+HIPMLA_DEVICE unsigned thread_index() { return threadIdx.x; }
+HIPMLA_DEVICE unsigned block_index() { return blockIdx.x; }
+HIPMLA_DEVICE void block_sync() { __syncthreads(); }
+
+HIPMLA_DEVICE float f32_from_bits(unsigned u) { return __uint_as_float(u); }
+HIPMLA_DEVICE unsigned bits_from_f32(float x) { return __float_as_uint(x); }
+HIPMLA_DEVICE float exp2_f32(float x) { return exp2f(x); }
+HIPMLA_DEVICE float log2_f32(float x) { return log2f(x); }
+
+}  // namespace hipmla
+
+#else
+#error "hipmla: compile the kernels as HIP for AMD GPUs (hiprtc, clang) or with NVRTC for NVIDIA GPUs"
+#endif

@@ -1,0 +1,178 @@
+"""What the device kernels are: their parameter struct, specialisations and launch shapes.
+
+The kernels are HIP C++ under ``hip_src/`` (contract and numerics in
+``hip_src/KERNELS.md``). This module describes them for whoever compiles and launches
+them (:mod:`hipmla.runtime`, :mod:`hipmla.aot`) and imports no GPU library:
+
+- :class:`DecodeParams` mirrors ``struct MlaDecodeParams`` (``hip_src/params.h``), the
+  one argument every kernel takes by value;
+- :class:`KernelSpec` names a kernel symbol, its source and its ``-D`` specialisation;
+- :func:`translation_unit` turns a source file into one self-contained string, because
+  hiprtc and NVRTC see no include path.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib.util
+import re
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+HEADS = 16
+D_QK = 576
+D_V = 512
+TILE_TOKENS = 64
+BLOCK_THREADS = 256
+
+KV_FORMATS = ("bf16", "fp8", "mxfp4")
+Q_PRECISIONS = ("bf16", "fp8", "mxfp4")
+#: Integer codes of HIPMLA_KV_FORMAT / HIPMLA_Q_PRECISION (hip_src/common/config.h).
+FORMAT_CODES = {"bf16": 0, "fp8": 1, "mxfp4": 2}
+#: Architectures whose fp8 is e4m3fnuz (MI300 family); everything else is OCP e4m3fn.
+FNUZ_ARCHS = ("gfx940", "gfx941", "gfx942")
+
+SPLIT_SOURCE = "decode/split.hip"
+COMBINE_SOURCE = "decode/combine.hip"
+
+_INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"\s*$')
+_PRAGMA_ONCE = re.compile(r"^\s*#\s*pragma\s+once\s*$")
+
+
+class DecodeParams(ctypes.Structure):
+    """``struct MlaDecodeParams`` field for field (device pointers as integers)."""
+
+    _fields_ = [
+        ("q", ctypes.c_void_p),  # [b, h_q, d_qk] bf16
+        ("kv", ctypes.c_void_p),  # bf16 / fp8 [total_kv, d_qk] | mxfp4 [total_kv, d_qk/2] u8
+        ("kv_scale", ctypes.c_void_p),  # mxfp4: [total_kv, stride_kv_scale] E8M0
+        ("kv_indptr", ctypes.c_void_p),  # [b + 1] int32
+        ("work", ctypes.c_void_p),  # [n_work, 4] int32 (seq, token_begin, token_end, slot)
+        ("seq_slots", ctypes.c_void_p),  # [b + 1] int32
+        ("part_acc", ctypes.c_void_p),  # [n_slots, h_q, d_v] f32
+        ("part_ml", ctypes.c_void_p),  # [n_slots, h_q, 2] f32
+        ("out", ctypes.c_void_p),  # [b, h_q, d_v] bf16
+        ("lse", ctypes.c_void_p),  # [b, h_q] f32 natural log, or null
+        ("sm_scale_log2", ctypes.c_float),
+        ("kv_fp8_scale", ctypes.c_float),
+        ("stride_kv_scale", ctypes.c_int32),
+        ("batch", ctypes.c_int32),
+        ("n_work", ctypes.c_int32),
+        ("pad_", ctypes.c_int32),
+    ]
+
+
+@dataclass(frozen=True)
+class KernelSpec:
+    """One compiled kernel: what to build and how to launch it."""
+
+    symbol: str  # extern "C" name
+    source: str  # file under hip_src
+    defines: tuple[tuple[str, str], ...]
+    block_threads: int
+    dynamic_shared_bytes: int  # 0: the kernels use static shared memory only
+
+    def options(self, arch: str) -> list[str]:
+        """``-D`` options for ``arch`` (``"gfx950"``, ``"gfx942:sramecc+:xnack-"``,
+        ``"sm_90"``): the specialisation plus the arch's fp8 variant. Not the arch flag
+        or the optimisation level; the compiler's caller adds those."""
+        if not isinstance(arch, str) or not arch.strip():
+            raise ValueError(f"arch: expected an offload arch such as 'gfx950' or 'sm_90', got {arch!r}")
+        fnuz = arch.split(":", 1)[0] in FNUZ_ARCHS
+        defines = self.defines + (("HIPMLA_FP8_FNUZ", "1" if fnuz else "0"),)
+        return [f"-D{name}={value}" for name, value in defines]
+
+
+def _check_choice(value: str, name: str, allowed: tuple[str, ...]) -> str:
+    if value not in allowed:
+        raise ValueError(f"{name}: expected one of {', '.join(allowed)}, got {value!r}")
+    return value
+
+
+def split_kernel(kv_format: str, q_precision: str) -> KernelSpec:
+    """The split-KV kernel for a cache format and a Q precision."""
+    _check_choice(kv_format, "kv_format", KV_FORMATS)
+    _check_choice(q_precision, "q_precision", Q_PRECISIONS)
+    return KernelSpec(
+        symbol=f"hipmla_decode_split_{kv_format}_q{q_precision}",
+        source=SPLIT_SOURCE,
+        defines=(
+            ("HIPMLA_KV_FORMAT", str(FORMAT_CODES[kv_format])),
+            ("HIPMLA_Q_PRECISION", str(FORMAT_CODES[q_precision])),
+        ),
+        block_threads=BLOCK_THREADS,
+        dynamic_shared_bytes=0,
+    )
+
+
+def combine_kernel() -> KernelSpec:
+    """The kernel that merges split partials into the output (any cache format)."""
+    return KernelSpec(
+        symbol="hipmla_decode_combine",
+        source=COMBINE_SOURCE,
+        defines=(),
+        block_threads=BLOCK_THREADS,
+        dynamic_shared_bytes=0,
+    )
+
+
+def all_kernels() -> list[KernelSpec]:
+    """Every specialisation: 3 cache formats x 3 Q precisions, then the combine kernel."""
+    return [split_kernel(kv, qp) for kv in KV_FORMATS for qp in Q_PRECISIONS] + [combine_kernel()]
+
+
+def _check_count(value: int, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name}: expected an integer >= 1, got {value!r}")
+    return value
+
+
+def grid_split(n_work: int) -> tuple[int, int, int]:
+    """One block per work item."""
+    return (_check_count(n_work, "n_work"), 1, 1)
+
+
+def grid_combine(batch: int) -> tuple[int, int, int]:
+    """One block per sequence; sequences without partial slots return at once."""
+    return (_check_count(batch, "batch"), 1, 1)
+
+
+def hip_src_dir() -> Path:
+    """The kernel sources: the package data ``hipmla._hip_src`` when installed that way,
+    else the ``hip_src/`` folder of the repository this module lives in."""
+    if importlib.util.find_spec("hipmla._hip_src") is not None:
+        return Path(str(resources.files("hipmla._hip_src")))
+    return Path(__file__).resolve().parent.parent / "hip_src"
+
+
+def translation_unit(source: str) -> str:
+    """``source`` (a path under :func:`hip_src_dir`) with every ``#include "..."``
+    replaced by the file it names, recursively, each file once (so ``#pragma once``
+    lines are blanked). Include names are relative to ``hip_src``. ``#line``
+    directives keep compiler messages pointing at the original files."""
+    root = hip_src_dir()
+    seen: set[str] = set()
+    out: list[str] = []
+
+    def emit(name: str, included_from: str | None) -> None:
+        path = root / name
+        if not path.is_file():
+            where = f" (included from {included_from})" if included_from else ""
+            raise FileNotFoundError(f"source: no file {name!r} under {root}{where}")
+        seen.add(name)
+        out.append(f'#line 1 "{name}"')
+        for number, line in enumerate(path.read_text().splitlines(), start=1):
+            include = _INCLUDE.match(line)
+            if include:
+                child = include.group(1)
+                if child not in seen:
+                    emit(child, f"{name}:{number}")
+                out.append(f'#line {number + 1} "{name}"')
+            else:
+                out.append("" if _PRAGMA_ONCE.match(line) else line)
+
+    if not isinstance(source, str) or not source:
+        raise ValueError(f"source: expected a file name under hip_src such as {SPLIT_SOURCE!r}, got {source!r}")
+    emit(source, None)
+    return "\n".join(out) + "\n"
