@@ -271,7 +271,8 @@ def _check_device_index(index, name: str = "index") -> int:
 
 def set_device(index: int) -> None:
     """Make device ``index`` current for this host thread."""
-    check(hip.hipSetDevice(_check_device_index(index)))
+    index = _check_device_index(index)  # initialises the runtime: binds ``hip``
+    check(hip.hipSetDevice(index))
 
 
 def synchronize() -> None:

@@ -21,8 +21,11 @@ from hipmla.reference import mla_decode_reference
 #: another order.
 EMU_RTOL = 2.0 ** -7
 EMU_ATOL = 1e-3
-#: Device vs emulator LSE (natural log), absolute.
-EMU_LSE_ATOL = 1e-4
+#: Device vs emulator LSE (natural log), absolute. The LSE follows its largest scores
+#: one for one, and a 576-term f32 dot product summed in another order than the
+#: emulator's moves a score by up to a few 1e-4 on these inputs (measured on the H200:
+#: 3.5e-4 worst over 150 ragged batches); the outputs average such shifts away.
+EMU_LSE_ATOL = 1e-3
 
 
 class FakeCAI:
@@ -94,7 +97,8 @@ def assert_close_to_emulator(out, lse, emu_out, emu_lse, what: str):
                            f"worst {float(err.max()):.3e} (scale {scale:.3e})")
     both_inf = np.isneginf(lse) & np.isneginf(emu_lse)
     assert (np.isneginf(lse) == np.isneginf(emu_lse)).all(), f"{what}: LSE -inf pattern differs"
-    lerr = np.where(both_inf, 0, np.abs(lse - emu_lse))
+    with np.errstate(invalid="ignore"):  # -inf - -inf where both are empty
+        lerr = np.where(both_inf, 0, np.abs(lse - emu_lse))
     assert float(lerr.max(initial=0)) <= EMU_LSE_ATOL, f"{what}: LSE off by {float(lerr.max()):.3e}"
 
 

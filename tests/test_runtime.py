@@ -808,3 +808,14 @@ def test_gpu_compile_error_has_log(device, monkeypatch):
     with pytest.raises(runtime.CompileError) as info:
         runtime.compile_source('extern "C" __global__ void k() { undeclared(); }', "k", device.arch, [])
     assert "undeclared" in info.value.log
+
+
+@pytest.mark.parametrize("first_call", ["set_device", "device_info"])
+def test_device_calls_initialise_the_runtime_first(fake, monkeypatch, first_call):
+    # A program whose first hipmla call is set_device/device_info (the decoder's
+    # constructor) must bind hip-python before touching it.
+    fake_hip = fake.hip
+    monkeypatch.setattr(runtime, "hip", None)
+    monkeypatch.setattr(runtime, "_load_hip_python", lambda selected: (fake_hip, fake.rtc))
+    getattr(runtime, first_call)(0)
+    assert runtime.hip is fake_hip
