@@ -8,7 +8,7 @@ if [ -d .whl ]; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
     export PYTHONPATH=/tmp/site:$PWD
 fi
-export PYTHONUNBUFFERED=1 HIPMLA_CACHE_DIR=/tmp/hipmla-cache
+export PYTHONUNBUFFERED=1 HIPMLA_CACHE_DIR=/tmp/hipmla-cache HIPMLA_TEST_LOG=$(realpath "$OUT")/emulator_errors.tsv
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/device.txt"
 python3 -m hipmla nvidia-runtime 2>&1 | tail -1
 for step in "$@"; do

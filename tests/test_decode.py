@@ -23,8 +23,8 @@ EMU_RTOL = 2.0 ** -7
 EMU_ATOL = 1e-3
 #: Device vs emulator LSE (natural log), absolute. The LSE follows its largest scores
 #: one for one, and a 576-term f32 dot product summed in another order than the
-#: emulator's moves a score by up to a few 1e-4 on these inputs (measured on the H200:
-#: 3.5e-4 worst over 150 ragged batches); the outputs average such shifts away.
+#: emulator's moves a score by up to a few 1e-4 on these inputs (first H200 run: 2.6e-4
+#: and 3.5e-4 on two long ragged batches); the outputs average such shifts away.
 EMU_LSE_ATOL = 1e-3
 
 
@@ -85,7 +85,27 @@ def test_fp8_variant_follows_arch():
 # ----------------------------------------------------------------------------- GPU helpers
 
 
+def log_errors(what: str, out, lse, emu_out, emu_lse) -> None:
+    """Append the measured device-vs-emulator errors to $HIPMLA_TEST_LOG, if set, so a
+    GPU run can report the worst case rather than a pass/fail."""
+    import os
+
+    path = os.environ.get("HIPMLA_TEST_LOG")
+    if not path:
+        return
+    o, e = np.asarray(out, np.float32), np.asarray(emu_out, np.float32)
+    scale = float(np.abs(e).max(initial=0)) or 1.0
+    with np.errstate(invalid="ignore"):
+        lerr = np.where(np.isneginf(lse) & np.isneginf(emu_lse), 0, np.abs(lse - emu_lse))
+    with open(path, "a") as f:
+        f.write(f"{what}\tmax_abs {float(np.abs(o - e).max(initial=0)):.3e}\t"
+                f"rel_to_scale {float(np.abs(o - e).max(initial=0)) / scale:.3e}\t"
+                f"bitexact {float((o == e).mean()) if o.size else 1.0:.5f}\t"
+                f"lse {float(lerr.max(initial=0)):.3e}\n")
+
+
 def assert_close_to_emulator(out, lse, emu_out, emu_lse, what: str):
+    log_errors(what, out, lse, emu_out, emu_lse)
     o = np.asarray(out, dtype=np.float32)
     e = np.asarray(emu_out, dtype=np.float32)
     assert np.isfinite(o).all(), f"{what}: non-finite output"
