@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import ml_dtypes
@@ -82,12 +84,17 @@ def make_inputs(
     if kv_format == "mxfp4" and scale_stride is None:
         scale_stride = default_scale_stride(D_QK)
     fp8_scale = 8.0 / (448.0 if fp8_variant == "e4m3fn" else 240.0)
-    parts = []
-    for r0 in range(0, max(rows, 1), _GEN_ROWS):
+
+    def block(r0: int) -> KVCache:
+        # Each block has its own generator, so blocks can run on threads (numpy releases
+        # the GIL) and the cache is still a pure function of the seed.
         n = min(_GEN_ROWS, rows - r0)
-        x = rng.standard_normal((max(n, 0), D_QK), dtype=np.float32)
-        parts.append(quantize_kv(x, kv_format, rule=rule, scale_stride=scale_stride,
-                                 fp8_variant=fp8_variant, fp8_scale=fp8_scale))
+        x = np.random.default_rng([seed, r0]).standard_normal((n, D_QK), dtype=np.float32)
+        return quantize_kv(x, kv_format, rule=rule, scale_stride=scale_stride,
+                           fp8_variant=fp8_variant, fp8_scale=fp8_scale)
+
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+        parts = list(pool.map(block, range(0, rows, _GEN_ROWS))) or [block(0)]
     data = np.concatenate([p.data for p in parts])
     scales = np.concatenate([p.scales for p in parts]) if kv_format == "mxfp4" else None
     kv = KVCache(kv_format, data, scales=scales, fp8_scale=parts[0].fp8_scale,
@@ -110,20 +117,22 @@ def random_seq_lens(rng: np.random.Generator, max_batch: int = 300, max_len: int
 def random_cache(rows: int, kv_format: str, rng: np.random.Generator, *,
                  fp8_variant: str = "e4m3fn", scale_stride: int | None = None) -> KVCache:
     """A cache of random *codes* rather than quantized N(0,1) data: every E2M1/e4m3 code
-    a producer can write (NaN excepted), block scales spread over 2^-8 .. 2^2. Much
+    a producer can write (NaN excepted), block scales spread over 2^-8 .. 2^2, bf16
+    values of magnitude 2^-4 .. 2^3 with random mantissas. Much
     faster than :func:`make_inputs` for large ragged tests, and it exercises codes
     that N(0,1) data rarely hits."""
     check_choice(kv_format, "kv_format", KV_FORMATS)
     if kv_format == "bf16":
-        x = rng.standard_normal((rows, D_QK), dtype=np.float32)
-        return quantize_kv(x, "bf16")
+        raw = np.frombuffer(rng.bytes(rows * D_QK * 2), dtype=np.uint16).reshape(rows, D_QK)
+        exponent = (127 - 4 + ((raw >> 7) & 0xFF) % 7).astype(np.uint16) << 7
+        return KVCache("bf16", (raw & np.uint16(0x807F)) | exponent)
     if kv_format == "fp8":
-        data = rng.integers(0, 256, size=(rows, D_QK), dtype=np.uint8)
+        data = np.frombuffer(rng.bytes(rows * D_QK), dtype=np.uint8).reshape(rows, D_QK).copy()
         nan = 0x80 if fp8_variant == "e4m3fnuz" else 0x7F
         data[(data & 0x7F) == 0x7F if nan == 0x7F else data == 0x80] = 0
         return KVCache("fp8", data, fp8_scale=1.0 / 64, fp8_variant=fp8_variant)
     stride = default_scale_stride(D_QK) if scale_stride is None else scale_stride
-    data = rng.integers(0, 256, size=(rows, D_QK // 2), dtype=np.uint8)
+    data = np.frombuffer(rng.bytes(rows * D_QK // 2), dtype=np.uint8).reshape(rows, D_QK // 2)
     scales = np.zeros((rows, stride), dtype=np.uint8)
     scales[:, : D_QK // 32] = rng.integers(127 - 8, 127 + 3, size=(rows, D_QK // 32), dtype=np.uint8)
     return KVCache("mxfp4", data, scales=scales)

@@ -200,7 +200,7 @@ def inputs_scale() -> float:
 class RaggedPool:
     """One random cache per format on the device, shared by all ragged configurations."""
 
-    ROWS = 300 * 20000 // 2
+    ROWS = 2_000_000
 
     def __init__(self, dec: decode.Decoder, kv_format: str):
         from hipmla import runtime
@@ -227,41 +227,53 @@ def ragged_configs(n: int = 50) -> list[np.ndarray]:
     return out
 
 
+RAGGED_CONFIGS = 50
+RAGGED_GROUPS = 5  # separate test items, so a parallel run spreads them over workers
+_pools: dict[str, RaggedPool] = {}
+
+
+def ragged_pool(dec: decode.Decoder, kv_format: str) -> RaggedPool:
+    if kv_format not in _pools:
+        _pools[kv_format] = RaggedPool(dec, kv_format)
+    return _pools[kv_format]
+
+
 @pytest.mark.gpu
+@pytest.mark.parametrize("group", range(RAGGED_GROUPS))
 @pytest.mark.parametrize("kv_format", KV_FORMATS)
-def test_ragged_batches(decoders, kv_format):
+def test_ragged_batches(decoders, kv_format, group):
     from hipmla import runtime
 
     dec = decoders(kv_format)
-    pool = RaggedPool(dec, kv_format)
-    q_rng = np.random.default_rng(7)
-    try:
-        for i, lens in enumerate(ragged_configs()):
-            b = lens.shape[0]
-            indptr = indptr_from_lengths(lens)
-            q = q_rng.standard_normal((b, 16, 576), dtype=np.float32).astype(ml_dtypes.bfloat16)
-            d_q = runtime.DeviceArray.from_host(q.view(np.uint16))
-            d_ind = runtime.DeviceArray.from_host(indptr)
-            d_out = runtime.DeviceArray((b, 16, 512), np.uint16)
-            d_lse = runtime.DeviceArray((b, 16), np.float32)
-            runtime.memset(d_out.ptr, 0xFF, d_out.nbytes)  # NaN poison: every output must be written
-            plan = dec.plan(lens)
-            dec.run(plan, d_q, pool.d_kv, d_ind, d_out, kv_scale=pool.d_scale, lse=d_lse,
-                    fp8_scale=pool.kv.fp8_scale if kv_format == "fp8" else None)
-            out = d_out.to_host().view(ml_dtypes.bfloat16)
-            lse = d_lse.to_host()
-            seqs = sample(b, lens)
-            emu_out, emu_lse = emulate_decode(q, pool.kv, plan.plan, 1 / 24, seqs=seqs)
-            what = f"{kv_format} config {i} (bs {b}, {int(lens.sum())} tokens)"
-            assert np.isfinite(out.astype(np.float32)).all(), f"{what}: unwritten or non-finite output"
-            assert_close_to_emulator(out[seqs], lse[seqs], emu_out, emu_lse, what)
-            ref_out, ref_lse = mla_decode_reference(q, pool.kv, indptr, 1 / 24, seqs=seqs)
-            assert_close_to_reference(out[seqs], lse[seqs], ref_out, ref_lse, "bf16", what)
-            dec.release(plan)
-            for a in (d_q, d_ind, d_out, d_lse):
-                a.free()
-    finally:
-        pool.free()
+    pool = ragged_pool(dec, kv_format)
+    q_rng = np.random.default_rng(7 + group)
+    configs = ragged_configs(RAGGED_CONFIGS)
+    per_group = RAGGED_CONFIGS // RAGGED_GROUPS
+    for i in range(group * per_group, (group + 1) * per_group):
+        lens = configs[i]
+        b = lens.shape[0]
+        indptr = indptr_from_lengths(lens)
+        q = q_rng.standard_normal((b, 16, 576), dtype=np.float32).astype(ml_dtypes.bfloat16)
+        d_q = runtime.DeviceArray.from_host(q.view(np.uint16))
+        d_ind = runtime.DeviceArray.from_host(indptr)
+        d_out = runtime.DeviceArray((b, 16, 512), np.uint16)
+        d_lse = runtime.DeviceArray((b, 16), np.float32)
+        runtime.memset(d_out.ptr, 0xFF, d_out.nbytes)  # NaN poison: every output must be written
+        plan = dec.plan(lens)
+        dec.run(plan, d_q, pool.d_kv, d_ind, d_out, kv_scale=pool.d_scale, lse=d_lse,
+                fp8_scale=pool.kv.fp8_scale if kv_format == "fp8" else None)
+        out = d_out.to_host().view(ml_dtypes.bfloat16)
+        lse = d_lse.to_host()
+        seqs = sample(b, lens)
+        emu_out, emu_lse = emulate_decode(q, pool.kv, plan.plan, 1 / 24, seqs=seqs)
+        what = f"{kv_format} config {i} (bs {b}, {int(lens.sum())} tokens)"
+        assert np.isfinite(out.astype(np.float32)).all(), f"{what}: unwritten or non-finite output"
+        assert_close_to_emulator(out[seqs], lse[seqs], emu_out, emu_lse, what)
+        ref_out, ref_lse = mla_decode_reference(q, pool.kv, indptr, 1 / 24, seqs=seqs)
+        assert_close_to_reference(out[seqs], lse[seqs], ref_out, ref_lse, "bf16", what)
+        dec.release(plan)
+        for a in (d_q, d_ind, d_out, d_lse):
+            a.free()
 
 
 @pytest.mark.gpu
