@@ -82,6 +82,113 @@ def test_fp8_variant_follows_arch():
     assert decode.fp8_variant_for("sm_90") == "e4m3fn"
 
 
+class FakeFunction:
+    def __init__(self, symbol):
+        self.symbol = symbol
+        self.launches = []
+
+    def launch(self, grid, block, args, shared_bytes=0, stream=None):
+        self.launches.append((grid, block, args.n_work, args.batch, args.q, stream))
+
+
+@pytest.fixture
+def host_decoder(monkeypatch):
+    """A Decoder whose runtime is faked: launches are recorded, nothing touches a GPU."""
+    from hipmla import runtime
+
+    info = runtime.DeviceInfo(0, "fake", "gfx950", "gfx950", "amd", 8, 64, 65536, 65536,
+                              1 << 34, 1 << 22, 0, 0, 0, 0.0)
+    addresses = iter(range(0x10000, 1 << 40, 0x10000))
+
+    class FakeBuffer:
+        def __init__(self, nbytes):
+            self.ptr, self.nbytes = next(addresses), nbytes
+
+        def free(self):
+            self.ptr = 0
+
+    class FakeArray(FakeBuffer):
+        @classmethod
+        def from_host(cls, arr, stream=None):
+            return cls(arr.nbytes)
+
+    functions = {}
+    monkeypatch.setattr(runtime, "device_info", lambda index=0: info)
+    monkeypatch.setattr(runtime, "load_kernel",
+                        lambda spec, arch: functions.setdefault(spec.symbol, FakeFunction(spec.symbol)))
+    monkeypatch.setattr(runtime, "alloc", FakeBuffer)
+    monkeypatch.setattr(runtime, "DeviceArray", FakeArray)
+    dec = decode.Decoder("mxfp4", 1 / 24)
+    dec.functions = functions
+    return dec
+
+
+def host_buffers(b, rows):
+    return dict(q=FakeCAI((b, 16, 576), "<u2", 0x100000), kv=FakeCAI((rows, 288), "|u1", 0x200000),
+                kv_indptr=FakeCAI((b + 1,), "<i4", 0x300000), out=FakeCAI((b, 16, 512), "<u2", 0x400000),
+                kv_scale=FakeCAI((rows, 24), "|u1", 0x500000))
+
+
+def test_run_launches_split_then_combine_only_when_split(host_decoder):
+    dec = host_decoder
+    split_fn = dec.functions[dec._split.symbol]
+    combine_fn = dec.functions[dec._combine.symbol]
+    whole = dec.plan(np.array([100, 0, 200]))  # short: one item each, no combine
+    bufs = host_buffers(3, 400)
+    dec.run(whole, **bufs)
+    assert [l[:4] for l in split_fn.launches] == [((3, 1, 1), (256, 1, 1), 3, 3)]
+    assert combine_fn.launches == []
+    split = dec.plan(np.array([20000, 5]))
+    assert split.plan.needs_combine
+    bufs = host_buffers(2, 20005)
+    dec.run(split, **bufs)
+    assert split_fn.launches[-1][0] == (split.plan.n_work, 1, 1)
+    assert [l[:4] for l in combine_fn.launches] == [((2, 1, 1), (256, 1, 1), split.plan.n_work, 2)]
+
+
+def test_run_resolves_arguments_once_per_argument_set(host_decoder, monkeypatch):
+    dec = host_decoder
+    plan = dec.plan(np.array([100, 300]))
+    bufs = host_buffers(2, 400)
+    calls = []
+    real = dec._prepare
+    monkeypatch.setattr(dec, "_prepare", lambda *a: (calls.append(1), real(*a)))
+    for _ in range(3):
+        dec.run(plan, **bufs)
+    assert len(calls) == 1
+    assert len(dec.functions[dec._split.symbol].launches) == 3
+    other = dict(bufs, out=FakeCAI((2, 16, 512), "<u2", 0x900000))
+    dec.run(plan, **other)
+    assert len(calls) == 2 and dec.functions[dec._split.symbol].launches[-1][4] == 0x100000
+    dec.release(plan)
+    with pytest.raises(ValueError, match="plan"):
+        dec.run(plan, **other)  # a released plan is never launched from the cache
+
+
+def test_run_rejects_bad_arguments_before_any_launch(host_decoder):
+    dec = host_decoder
+    plan = dec.plan(np.array([100, 300]))
+    good = host_buffers(2, 400)
+    cases = [
+        (dict(good, q=FakeCAI((3, 16, 576), "<u2", 0x100000)), ValueError, "q: expected shape"),
+        (dict(good, kv_scale=None), ValueError, "kv_scale"),
+        (dict(good, kv=FakeCAI((10, 288), "|u1", 0x200000)), ValueError, "kv: the plan"),
+        (dict(good, kv_scale=0x500000), ValueError, "kv_scale_stride"),
+        (dict(good, q=np.zeros((2, 16, 576), np.uint16)), TypeError, "host numpy"),
+        (dict(good, out=FakeCAI((2, 16, 512), "<f4", 0x400000)), TypeError, "out"),
+        (dict(good, kv=0x200008), ValueError, "16-byte aligned"),
+        (dict(good, fp8_scale=float("nan")), None, None),  # ignored for mxfp4
+    ]
+    for args, exc, words in cases:
+        if exc is None:
+            continue
+        with pytest.raises(exc, match=words):
+            dec.run(plan, **args)
+    assert dec.functions[dec._split.symbol].launches == []
+    with pytest.raises(ValueError, match="plan"):
+        dec.run(object(), **good)
+
+
 # ----------------------------------------------------------------------------- GPU helpers
 
 

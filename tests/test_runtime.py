@@ -221,6 +221,7 @@ def fake(monkeypatch, tmp_path):
     monkeypatch.setattr(runtime, "_compiler_version", None)
     monkeypatch.setattr(runtime, "_device_infos", {})
     monkeypatch.setattr(runtime, "_kernels", {})
+    monkeypatch.setattr(runtime, "_c_launch", False)  # launches go through the fake hip
     monkeypatch.setenv("HIPMLA_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.delenv("HIPMLA_CACHE", raising=False)
     return types.SimpleNamespace(hip=fake_hip, rtc=fake_rtc, cache=tmp_path / "cache")
@@ -819,3 +820,52 @@ def test_device_calls_initialise_the_runtime_first(fake, monkeypatch, first_call
     monkeypatch.setattr(runtime, "_load_hip_python", lambda selected: (fake_hip, fake.rtc))
     getattr(runtime, first_call)(0)
     assert runtime.hip is fake_hip
+
+
+FAKE_LAUNCH_LIB = r"""
+#include <stdint.h>
+static uintptr_t last[11];
+static int status;
+int hipModuleLaunchKernel(void* f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
+                          unsigned bz, unsigned shared, void* stream, void** params, void** extra) {
+    uintptr_t v[11] = {(uintptr_t)f, gx, gy, gz, bx, by, bz, shared, (uintptr_t)stream,
+                       (uintptr_t)params, (uintptr_t)extra};
+    for (int i = 0; i < 11; ++i) last[i] = v[i];
+    return status;
+}
+uintptr_t fake_last(int i) { return last[i]; }
+void fake_set_status(int s) { status = s; }
+"""
+
+
+def test_launch_goes_through_the_loaded_library(fake, monkeypatch, tmp_path):
+    import shutil
+
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        pytest.skip("no C compiler")
+    src = tmp_path / "fake.c"
+    src.write_text(FAKE_LAUNCH_LIB)
+    lib_path = tmp_path / "libamdhip64.so"
+    subprocess.run([cc, "-shared", "-fPIC", "-O1", str(src), "-o", str(lib_path)], check=True)
+    lib = ctypes.CDLL(str(lib_path))  # now mapped into this process, as hip-python's would be
+    lib.fake_last.restype = ctypes.c_size_t
+    monkeypatch.setattr(runtime, "_c_launch", None)
+    assert runtime._loaded_library("libamdhip64.so") == str(lib_path)
+
+    class Args(ctypes.Structure):
+        _fields_ = [("x", ctypes.c_int)]
+
+    fn = runtime.Function(0xF00D, module=None, symbol="k")
+    args = Args(7)
+    fn.launch((3, 2, 1), (256, 1, 1), args, shared_bytes=64, stream=0x5000)
+    got = [lib.fake_last(i) for i in range(11)]
+    assert got[:9] == [0xF00D, 3, 2, 1, 256, 1, 1, 64, 0x5000]
+    assert got[9] == 0 and got[10] == fn._extra_addr
+    assert fake.hip.calls == [], "the hot path must not go through hip-python"
+    # the extra array points at the struct and its size, with HIP's end marker
+    extra = (ctypes.c_void_p * 5).from_address(got[10])
+    assert extra[1] == ctypes.addressof(args) and extra[4] == 3
+    lib.fake_set_status(int(hipError_t.hipErrorLaunchFailure))
+    with pytest.raises(runtime.HipError, match="hipErrorLaunchFailure"):
+        fn.launch((1, 1, 1), (1, 1, 1), args)
