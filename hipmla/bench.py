@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -153,6 +154,9 @@ def torch_peer(q_np: np.ndarray, kv_bits: np.ndarray, lens: np.ndarray, timer: T
 
 
 def git_commit() -> str:
+    """The commit being measured: $HIPMLA_COMMIT (for copies without .git), else git's."""
+    if os.environ.get("HIPMLA_COMMIT"):
+        return os.environ["HIPMLA_COMMIT"]
     try:
         return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                               cwd=Path(__file__).parent, timeout=10).stdout.strip() or "unknown"
