@@ -1,7 +1,8 @@
 """Ahead-of-time builds of the hipmla kernels with clang, and their resource report.
 
 ``python -m hipmla build --arch gfx950,gfx942`` compiles every kernel of
-``hipmla.kernels.all_kernels()`` into a code object per architecture, reads the
+``hipmla.kernels.kernels_for_arch(arch)`` (the portable kernels, plus the arch's fast
+ones) into a code object per architecture, reads the
 register, LDS and scratch use the compiler recorded in each object's AMDGPU metadata
 note, prints one line per kernel and architecture and fails when a kernel breaks the
 project's budget (no scratch, no spills, LDS within one CU). This is the compile
@@ -39,7 +40,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from hipmla.kernels import KernelSpec, all_kernels, translation_unit
+from hipmla.kernels import KernelSpec, kernels_for_arch, translation_unit
 
 #: Where ``build`` writes and the runtime looks when ``$HIPMLA_AOT_DIR`` has no match.
 DEFAULT_AOT_DIR = Path(__file__).resolve().parent / "_aot"
@@ -224,6 +225,20 @@ def find_readelf(clang: str) -> str:
             return found
         tried.append(f"{versioned} on PATH")
     raise ToolchainNotFound(f"no llvm-readelf matching {clang}; tried " + ", ".join(tried))
+
+
+def find_objdump(clang: str) -> str:
+    """The llvm-objdump of the same LLVM as ``clang`` (beside its llvm-readelf)."""
+    readelf = Path(find_readelf(clang))
+    name = readelf.name.replace("readelf", "objdump")
+    for candidate in (readelf.parent / name, readelf.parent / "llvm-objdump"):
+        found = _executable(candidate)
+        if found:
+            return found
+    found = shutil.which(name)
+    if found:
+        return found
+    raise ToolchainNotFound(f"no llvm-objdump beside {readelf} and no {name} on PATH")
 
 
 # --- building ----------------------------------------------------------------------
@@ -431,9 +446,8 @@ def build_all(archs: Sequence[str], out_dir: Path | None = None, jobs: int = 2) 
         return read_resources(co, symbol=spec.symbol, block_threads=spec.block_threads,
                               dynamic_lds_bytes=spec.dynamic_shared_bytes)
 
-    specs = all_kernels()
     with ThreadPoolExecutor(max_workers=jobs) as pool:
-        futures = [pool.submit(build, spec, arch) for arch in archs for spec in specs]
+        futures = [pool.submit(build, spec, arch) for arch in archs for spec in kernels_for_arch(arch)]
     rows, errors = [], []
     for future in futures:
         try:
@@ -486,6 +500,240 @@ def check_budget(rows: Sequence[KernelResources]) -> list[str]:
     return problems
 
 
+# --- instruction counts and the MI355X prediction ---------------------------------------
+#
+# Static counts of a kernel's tile loop (the backward branch whose body holds the most
+# MFMAs), read from ``llvm-objdump -d``. For the fast kernels one trip of that loop is one
+# 128-token tile for each of the block's waves, so the counts are per wave and tile.
+
+_INSTRUCTION = re.compile(r"^\s+([a-z][a-z0-9_]*)\b(.*?//\s*([0-9A-Fa-f]+):.*)$")
+_BRANCH_TARGET = re.compile(r"<[^>+]+\+0x([0-9a-fA-F]+)>")
+
+
+@dataclass(frozen=True)
+class Instruction:
+    address: int
+    mnemonic: str
+    operands: str  # the rest of objdump's line: operands, encoding, branch target
+
+
+@dataclass(frozen=True)
+class LoopCounts:
+    """Instructions of one trip of a kernel's main loop, by kind."""
+
+    symbol: str
+    mfma: int  # v_mfma* (scaled and plain)
+    mfma_cycles: int  # their issue cycles on MI355X (MFMA_CYCLES)
+    valu: int  # other v_* (including the converts)
+    transcendental: int  # the quarter-rate part of ``valu`` (exp, log, rcp, sqrt)
+    lds: int  # ds_* (reads, writes, bpermute)
+    lds_bytes: int  # bytes those move per wave
+    global_loads: int  # global_load* / buffer_load* (LDS copies included)
+    salu: int  # s_* (waits and branches included)
+    total: int
+
+
+def parse_disassembly(text: str, symbol: str) -> list[Instruction]:
+    """The instructions of ``symbol`` in ``llvm-objdump -d`` output, with addresses."""
+    start = re.search(rf"^[0-9a-fA-F]+ <{re.escape(symbol)}>:\s*$", text, re.M)
+    if start is None:
+        raise ValueError(f"symbol: no function {symbol!r} in the disassembly")
+    out = []
+    for line in text[start.end():].splitlines():
+        if re.match(r"^[0-9a-fA-F]+ <", line):
+            break
+        m = _INSTRUCTION.match(line)
+        if m:
+            out.append(Instruction(int(m.group(3), 16), m.group(1), m.group(2).strip()))
+    if not out:
+        raise ValueError(f"symbol: {symbol!r} has no instructions in the disassembly")
+    return out
+
+
+def main_loop(instructions: Sequence[Instruction], symbol: str, base: int) -> list[Instruction]:
+    """Body of the backward branch whose range holds the most MFMAs (ties: the shortest).
+    ``base`` is the function's address, to which objdump's ``<sym+0x..>`` targets are
+    relative."""
+    best: list[Instruction] = []
+    best_key = (-1, 0)
+    for i, ins in enumerate(instructions):
+        if not ins.mnemonic.startswith(("s_branch", "s_cbranch")):
+            continue
+        m = _BRANCH_TARGET.search(ins.operands)
+        if m is None:
+            continue
+        target = base + int(m.group(1), 16)
+        if target > ins.address:
+            continue
+        body = [x for x in instructions[: i + 1] if x.address >= target]
+        key = (sum(x.mnemonic.startswith("v_mfma") for x in body), -len(body))
+        if key > best_key:
+            best, best_key = body, key
+    if not best:
+        raise ValueError(f"symbol: {symbol!r} has no loop")
+    return best
+
+
+#: Issue cycles of one MFMA on MI355X, from the datasheet's dense peaks at 2.4 GHz over
+#: 256 CUs x 4 SIMDs: bf16 2.5 PFLOP/s = 1024 FLOP per SIMD and clock -> 16x16x32 (16,384
+#: FLOP) takes 16; MXFP4 10 PFLOP/s -> 16x16x128 (65,536 FLOP) fp4 x fp4 takes 16, with an
+#: fp8 operand the 5 PFLOP/s fp8 rate -> 32.
+MFMA_CYCLES = {
+    "v_mfma_f32_16x16x32_bf16": 16,
+    "v_mfma_scale_f32_16x16x128_f8f6f4/fp4": 16,
+    "v_mfma_scale_f32_16x16x128_f8f6f4/fp8": 32,
+}
+#: A wave64 VALU instruction on a 16-lane SIMD: 4 cycles (the 157 TFLOP/s fp32 vector peak
+#: counts packed dual FMAs); transcendentals run at a quarter of that rate.
+VALU_CYCLES = 4
+TRANSCENDENTAL_CYCLES = 16
+#: LDS bandwidth per CU and clock (CDNA3/CDNA4 ISA guides: 128 bytes).
+LDS_BYTES_PER_CLOCK = 128
+_TRANSCENDENTAL = ("v_exp_", "v_log_", "v_rcp_", "v_rsq_", "v_sqrt_", "v_sin_", "v_cos_")
+_LDS_WIDTH = {"b128": 16, "b96": 12, "b64": 8, "2addr_b64": 16}
+
+
+def _mfma_cycles(ins: Instruction) -> int:
+    if ins.mnemonic.startswith("v_mfma_scale_f32_16x16x128_f8f6f4"):
+        # cbsz / blgp name the A / B formats; objdump omits them when 0 (e4m3).
+        cbsz = re.search(r"cbsz:(\d)", ins.operands)
+        blgp = re.search(r"blgp:(\d)", ins.operands)
+        fp4 = all(m is not None and int(m.group(1)) == 4 for m in (cbsz, blgp))
+        return MFMA_CYCLES["v_mfma_scale_f32_16x16x128_f8f6f4/" + ("fp4" if fp4 else "fp8")]
+    if ins.mnemonic not in MFMA_CYCLES:
+        raise ValueError(f"no cycle count for {ins.mnemonic}; add it to MFMA_CYCLES")
+    return MFMA_CYCLES[ins.mnemonic]
+
+
+def count_loop(instructions: Sequence[Instruction], symbol: str) -> LoopCounts:
+    """Counts of a loop body (see :class:`LoopCounts`)."""
+    mfma = [x for x in instructions if x.mnemonic.startswith("v_mfma")]
+    valu = [x for x in instructions if x.mnemonic.startswith("v_") and not x.mnemonic.startswith("v_mfma")]
+    lds = [x for x in instructions if x.mnemonic.startswith("ds_")]
+    lds_bytes = 0
+    for x in lds:
+        suffix = x.mnemonic.split("_", 2)[-1]
+        lds_bytes += 64 * _LDS_WIDTH.get(suffix, 4)
+    glds = [x for x in instructions if x.mnemonic.startswith(("global_load", "buffer_load"))]
+    lds_bytes += sum(64 * 16 for x in glds if x.mnemonic == "global_load_lds_dwordx4")
+    return LoopCounts(
+        symbol=symbol,
+        mfma=len(mfma),
+        mfma_cycles=sum(_mfma_cycles(x) for x in mfma),
+        valu=len(valu),
+        transcendental=sum(x.mnemonic.startswith(_TRANSCENDENTAL) for x in valu),
+        lds=len(lds),
+        lds_bytes=lds_bytes,
+        global_loads=len(glds),
+        salu=sum(x.mnemonic.startswith("s_") for x in instructions),
+        total=len(instructions),
+    )
+
+
+def loop_counts(co_path: Path, symbol: str) -> LoopCounts:
+    """Disassembles a code object with the clang's own llvm-objdump and counts ``symbol``'s
+    main loop."""
+    objdump = find_objdump(find_clang())
+    proc = subprocess.run([objdump, "-d", str(co_path)], capture_output=True, text=True, timeout=120)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{objdump} -d {co_path} exited {proc.returncode}: {proc.stderr.strip()}")
+    instructions = parse_disassembly(proc.stdout, symbol)
+    base = int(re.search(rf"^([0-9a-fA-F]+) <{re.escape(symbol)}>:", proc.stdout, re.M).group(1), 16)
+    return count_loop(main_loop(instructions, symbol, base), symbol)
+
+
+@dataclass(frozen=True)
+class Device:
+    """Datasheet numbers of the prediction's target."""
+
+    name: str
+    num_cus: int
+    clock_hz: float
+    hbm_bytes_per_s: float
+
+
+MI355X = Device("MI355X", num_cus=256, clock_hz=2.4e9, hbm_bytes_per_s=8.0e12)
+#: DESIGN.md's benchmark: bs x kv_len, q_len 1, 16 heads.
+BENCHMARK_SHAPES = tuple((bs, n) for bs in (4, 32, 64, 256) for n in (1024, 8192))
+
+
+@dataclass(frozen=True)
+class Prediction:
+    batch: int
+    kv_len: int
+    hbm_us: float  # bytes moved at the datasheet bandwidth: the floor
+    compute_us: tuple[float, float]  # issue-bound makespan: MFMA and VALU overlapped / serial
+    predicted_us: tuple[float, float]  # max(hbm, compute), both ends
+
+
+def predict(counts: LoopCounts, waves_per_simd: int, batch: int, kv_len: int, *,
+            device: Device = MI355X, waves_per_block: int = 4, scale_stride: int = 18) -> Prediction:
+    """A roofline prediction for one uniform batch on the fast kernel (all of the
+    benchmark's lengths are whole tiles). Per tile, each of the block's waves runs one
+    loop trip on its own SIMD: MFMA and VALU cycles overlapped (low) or serial (high), the
+    LDS at LDS_BYTES_PER_CLOCK per CU; blocks resident per CU share the SIMDs. Items come
+    from the real planner and are dealt longest first to the least loaded CU. Not modelled:
+    launch latency, the per-item prologue / merge, the combine kernel, memory latency."""
+    from hipmla.plan import make_plan  # the planner is numpy-only; keep aot import-light
+
+    plan = make_plan([kv_len] * batch, device.num_cus, fast_tile_tokens=128)
+    blocks_per_cu = max(1, waves_per_simd * SIMDS_PER_CU // waves_per_block)
+    valu = counts.valu * VALU_CYCLES + counts.transcendental * (TRANSCENDENTAL_CYCLES - VALU_CYCLES)
+    lds = counts.lds_bytes * waves_per_block / LDS_BYTES_PER_CLOCK
+    per_tile = (max(counts.mfma_cycles, valu, lds), max(counts.mfma_cycles + valu, lds))
+    tiles = (plan.fast_work[:, 2] - plan.fast_work[:, 1]) // 128
+    loads = [0] * (device.num_cus * blocks_per_cu)
+    for t in sorted(tiles.tolist(), reverse=True):
+        i = loads.index(min(loads))
+        loads[i] += t
+    # A CU's resident blocks interleave on its SIMDs: a slot runs at 1 / blocks_per_cu.
+    makespan_tiles = max(loads) * blocks_per_cu
+    compute = tuple(makespan_tiles * c / device.clock_hz * 1e6 for c in per_tile)
+    bytes_moved = (batch * kv_len * (288 + scale_stride) + batch * 16 * 576 * 2 + batch * 16 * 512 * 2
+                   + plan.n_slots * 16 * (512 + 2) * 4 * 2)
+    hbm = bytes_moved / device.hbm_bytes_per_s * 1e6
+    return Prediction(batch, kv_len, hbm, compute, (max(hbm, compute[0]), max(hbm, compute[1])))
+
+
+def format_counts(rows: Sequence[tuple[KernelResources, LoopCounts]]) -> str:
+    lines = ["per wave and 128-token tile (main loop, static): "
+             "symbol  MFMA (cycles)  VALU (transc.)  LDS (bytes)  global loads  SALU  total"]
+    for r, c in rows:
+        lines.append(f"{c.symbol} {r.arch}: MFMA {c.mfma} ({c.mfma_cycles} cyc)  VALU {c.valu} ({c.transcendental})  "
+                     f"LDS {c.lds} ({c.lds_bytes} B)  global loads {c.global_loads}  SALU {c.salu}  total {c.total}")
+    return "\n".join(lines)
+
+
+def format_predictions(symbol: str, predictions: Sequence[Prediction], device: Device = MI355X) -> str:
+    lines = [f"{symbol}: PREDICTED {device.name} time per decode (not measured; roofline model of "
+             f"hipmla.aot.predict), us", "  shape      HBM bound   compute (overlap..serial)   predicted"]
+    for p in predictions:
+        lines.append(f"  {p.batch:>3}x{p.kv_len:<5} {p.hbm_us:9.1f}   {p.compute_us[0]:9.1f} .. {p.compute_us[1]:<9.1f}"
+                     f"   {p.predicted_us[0]:.1f} .. {p.predicted_us[1]:.1f}")
+    return "\n".join(lines)
+
+
+def fast_report(rows: Sequence[KernelResources], out_dir: Path) -> str:
+    """Instruction counts and MI355X predictions for the fast kernels among ``rows``
+    (built into ``out_dir`` by :func:`build_all`)."""
+    parts = []
+    counted = []
+    for r in rows:
+        spec = next((s for s in kernels_for_arch(r.arch) if s.symbol == r.symbol), None)
+        if spec is None or not spec.tile_tokens:
+            continue
+        co = compile_offline(spec, r.arch, out_dir)  # already built: returns the object
+        counted.append((r, loop_counts(co, r.symbol)))
+    if not counted:
+        return "no fast kernels among the built archs"
+    parts.append(format_counts(counted))
+    for r, c in counted:
+        if r.arch == "gfx950":
+            parts.append(format_predictions(
+                r.symbol, [predict(c, r.waves_per_simd, bs, n) for bs, n in BENCHMARK_SHAPES]))
+    return "\n\n".join(parts)
+
+
 # --- runtime lookup ----------------------------------------------------------------------
 
 
@@ -531,6 +779,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=None,
                         help=f"folder for the code objects (default: {DEFAULT_AOT_DIR})")
     parser.add_argument("--jobs", type=int, default=2, help="compilers run at once (default: 2)")
+    parser.add_argument("--report", action="store_true",
+                        help="also count the fast kernels' instructions per 128-token tile and print a "
+                             "PREDICTED MI355X time per benchmark shape next to the HBM bound")
     args = parser.parse_args(argv)
     archs = [a.strip() for a in args.arch.split(",") if a.strip()]
     try:
@@ -540,6 +791,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     print(format_report(rows))
     print(f"code objects in {args.out or DEFAULT_AOT_DIR}")
+    if args.report:
+        try:
+            print()
+            print(fast_report(rows, args.out or DEFAULT_AOT_DIR))
+        except (ToolchainNotFound, ValueError, RuntimeError) as e:
+            print(f"hipmla build --report: {e}", file=sys.stderr)
+            return 2
     violations = check_budget(rows)
     for v in violations:
         print(f"over budget: {v}", file=sys.stderr)

@@ -105,11 +105,21 @@ class DevicePlan:
         self.seq_slots.free()
 
 
+def resolve_q_precision(q_precision: str, arch: str, kv_format: str) -> str:
+    """``"auto"``: the most accurate Q that keeps decode at the memory limit — the fast
+    kernel's default Q where ``arch`` has a fast kernel for ``kv_format``, else bf16."""
+    check_choice(q_precision, "q_precision", ("auto",) + kernels.Q_PRECISIONS)
+    if q_precision != "auto":
+        return q_precision
+    fast = kernels.fast_split_kernel(arch, kv_format, kernels.DEFAULT_FAST_Q_PRECISION)
+    return kernels.DEFAULT_FAST_Q_PRECISION if fast is not None else "bf16"
+
+
 @dataclass(frozen=True)
 class DecoderConfig:
     kv_format: str
     sm_scale: float
-    q_precision: str = "bf16"
+    q_precision: str = "bf16"  # resolved: never "auto"
     heads: int = kernels.HEADS
 
     def __post_init__(self):
@@ -123,16 +133,22 @@ class DecoderConfig:
 class Decoder:
     """MLA decode for one KV format and Q precision on one device and stream."""
 
-    def __init__(self, kv_format: str, sm_scale: float, *, q_precision: str = "bf16",
+    def __init__(self, kv_format: str, sm_scale: float, *, q_precision: str = "auto",
                  heads: int = kernels.HEADS, device: int = 0, stream=None):
-        self.config = DecoderConfig(kv_format, float(sm_scale), q_precision, heads)
+        check_choice(kv_format, "kv_format", KV_FORMATS)
         self.device = runtime.device_info(device)
+        arch = self.device.arch
+        q_precision = resolve_q_precision(q_precision, arch, kv_format)
+        self.config = DecoderConfig(kv_format, float(sm_scale), q_precision, heads)
         self.stream = stream
-        self.fp8_variant = fp8_variant_for(self.device.arch)
+        self.fp8_variant = fp8_variant_for(arch)
         self._split = kernels.split_kernel(kv_format, q_precision)
         self._combine = kernels.combine_kernel()
-        self._split_fn = runtime.load_kernel(self._split, self.device.arch)
-        self._combine_fn = runtime.load_kernel(self._combine, self.device.arch)
+        # Whole tiles of every sequence go to the arch's fast kernel where it has one.
+        self._fast = kernels.fast_split_kernel(arch, kv_format, q_precision)
+        self._split_fn = runtime.load_kernel(self._split, arch)
+        self._combine_fn = runtime.load_kernel(self._combine, arch)
+        self._fast_fn = runtime.load_kernel(self._fast, arch) if self._fast is not None else None
         self._scratch: runtime.DeviceBuffer | None = None
         self._scratch_slots = 0
         self._plans: list[DevicePlan] = []
@@ -148,7 +164,8 @@ class Decoder:
         if (seq_lens is None) == (kv_indptr is None):
             raise ValueError("plan: pass exactly one of seq_lens and kv_indptr (host arrays)")
         lens = lengths_from_indptr(kv_indptr) if kv_indptr is not None else seq_lens
-        host = make_plan(lens, self.device.num_cus)
+        fast_tile = self._fast.tile_tokens if self._fast is not None else 0
+        host = make_plan(lens, self.device.num_cus, fast_tile_tokens=fast_tile)
         self._last_key = None  # the scratch may move
         self._ensure_scratch(host.n_slots)
         dp = DevicePlan(host)
@@ -188,9 +205,8 @@ class Decoder:
             self._last_key = None
             self._prepare(*key)
             self._last_key = key
-        p = self._params
-        for fn, grid, block, shared, s in self._launches:
-            fn.launch(grid, block, p, shared, s)
+        for fn, grid, params, spec, s in self._launches:
+            fn.launch(grid, (spec.block_threads, 1, 1), params, spec.dynamic_shared_bytes, s)
 
     def _prepare(self, plan, q, kv, kv_indptr, out, kv_scale, lse, fp8_scale, kv_scale_stride,
                  stream) -> None:
@@ -233,11 +249,22 @@ class Decoder:
         p.batch = b
         p.n_work = plan.plan.n_work
         s = self.stream if stream is None else stream
-        self._launches = [(self._split_fn, kernels.grid_split(p.n_work), (self._split.block_threads, 1, 1),
-                           self._split.dynamic_shared_bytes, s)]
+        # Fast items (whole tiles) first, then the portable ones, then the combine; each
+        # split launch reads its own slice of the work list, so each gets its own copy
+        # of the parameters (launches copy them when they are enqueued).
+        n_fast = plan.plan.n_fast
+        self._launches = []
+        if n_fast:
+            pf = type(p).from_buffer_copy(p)
+            pf.n_work = n_fast
+            self._launches.append((self._fast_fn, kernels.grid_split(n_fast), pf, self._fast, s))
+        if plan.plan.n_portable:
+            pp = type(p).from_buffer_copy(p)
+            pp.work = plan.work.ptr + 16 * n_fast
+            pp.n_work = plan.plan.n_portable
+            self._launches.append((self._split_fn, kernels.grid_split(pp.n_work), pp, self._split, s))
         if plan.plan.needs_combine:
-            self._launches.append((self._combine_fn, kernels.grid_combine(b),
-                                   (self._combine.block_threads, 1, 1), self._combine.dynamic_shared_bytes, s))
+            self._launches.append((self._combine_fn, kernels.grid_combine(b), p, self._combine, s))
 
     # -- numpy convenience ----------------------------------------------------------
 

@@ -6,6 +6,12 @@ one partial per work item of the same ``DecodePlan`` the device runs, the LSE me
 the combine kernel, bf16 output rounded nearest-even — so device output can be compared
 against it tightly. What it does not model is the order of f32 summation inside a dot
 product; scores are formed in f64 and rounded once to f32, the closest any order gets.
+
+Work items a plan routes to a fast kernel (``plan.fast_work``) follow that kernel's
+schedule (:class:`FastSchedule`): on gfx950 each 128-token tile is cut in four 32-token
+quarters, quarter w to wave w; every wave keeps its own online softmax over its quarters
+(running max per quarter) and the four states are merged like the combine kernel merges
+partials, before the item writes its output or partial.
 """
 
 from __future__ import annotations
@@ -73,6 +79,53 @@ def emulate_work_item(
     return Partial(acc, m_final[:, 0].astype(np.float32), l)
 
 
+@dataclass(frozen=True)
+class FastSchedule:
+    """How a fast kernel walks a work item of whole tiles: ``waves`` waves each take
+    ``tile_tokens / waves`` consecutive tokens of every tile."""
+
+    tile_tokens: int
+    waves: int
+
+    @property
+    def quarter(self) -> int:
+        return self.tile_tokens // self.waves
+
+
+#: hip_src/decode/split_mfma_gfx950.hip (Q quantized as the portable kernel does it).
+GFX950_SCHEDULE = FastSchedule(tile_tokens=128, waves=4)
+
+
+def merge(parts: list[Partial]) -> Partial:
+    """States over disjoint token sets merged into one (max-weighted, f32, in list order)."""
+    m = np.stack([p.m for p in parts])
+    big_m = m.max(axis=0)
+    safe = np.where(np.isneginf(big_m), np.float32(0), big_m)
+    w = np.exp2(m - safe).astype(np.float32)
+    l = np.zeros_like(parts[0].l)
+    acc = np.zeros_like(parts[0].acc)
+    for wi, p in zip(w, parts):
+        l = (l + wi * p.l).astype(np.float32)
+        acc = (acc + wi[:, None] * p.acc).astype(np.float32)
+    return Partial(acc, big_m.astype(np.float32), l)
+
+
+def emulate_fast_item(
+    qf: np.ndarray, k: np.ndarray, scale_log2: np.float32, schedule: FastSchedule = GFX950_SCHEDULE,
+    d_v: int = D_V,
+) -> Partial:
+    """One fast-kernel item over ``k (n, 576)``, ``n`` a whole number of tiles: each
+    wave's quarters as their own online softmax, then the waves merged in order."""
+    n = k.shape[0]
+    if n == 0 or n % schedule.tile_tokens:
+        raise ValueError(f"k: a fast item covers whole {schedule.tile_tokens}-token tiles, got {n} tokens")
+    token = np.arange(n)
+    wave_of = (token % schedule.tile_tokens) // schedule.quarter
+    parts = [emulate_work_item(qf, k[wave_of == w], scale_log2, schedule.quarter, d_v)
+             for w in range(schedule.waves)]
+    return merge(parts)
+
+
 def finalize(acc: np.ndarray, m: np.ndarray, l: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """bf16 output and natural-log LSE from one (merged) state; empty gives 0 and -inf."""
     empty = l <= 0
@@ -103,10 +156,17 @@ def emulate_decode(
     q_fp8_variant: str | None = None,
     seqs=None,
     tile_tokens: int = TILE_TOKENS,
+    fast_schedule: FastSchedule = GFX950_SCHEDULE,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Predicted device output ``(n, h, 512)`` bf16 and LSE ``(n, h)`` f32 for the
     sequences ``seqs`` (default all) under ``plan``. ``q_fp8_variant`` is the e4m3
-    flavour the target quantizes fp8 Q to (default: the cache's)."""
+    flavour the target quantizes fp8 Q to (default: the cache's). Items in
+    ``plan.fast_work`` follow ``fast_schedule``; the rest the portable kernel's tiles."""
+    if plan.n_fast and plan.fast_tile_tokens != fast_schedule.tile_tokens:
+        raise ValueError(
+            f"fast_schedule: the plan's fast items are {plan.fast_tile_tokens}-token tiles, "
+            f"the schedule walks {fast_schedule.tile_tokens}-token tiles"
+        )
     indptr = plan.kv_indptr
     qf = check_q(q, batch=plan.batch)
     check_kv(kv, indptr)
@@ -116,12 +176,16 @@ def emulate_decode(
     wanted = np.zeros(plan.batch, dtype=bool)
     wanted[sel] = True
     parts: dict[int, list[tuple[int, Partial]]] = {int(b): [] for b in sel}
-    for seq, t0, t1, _slot in plan.work:
+    for i, (seq, t0, t1, _slot) in enumerate(plan.work):
         if not wanted[seq]:
             continue
         r0 = int(indptr[seq])
         k = kv.dequantize(slice(r0 + int(t0), r0 + int(t1)))
-        parts[int(seq)].append((int(t0), emulate_work_item(qq[seq], k, scale_log2, tile_tokens)))
+        if i < plan.n_fast:
+            part = emulate_fast_item(qq[seq], k, scale_log2, fast_schedule)
+        else:
+            part = emulate_work_item(qq[seq], k, scale_log2, tile_tokens)
+        parts[int(seq)].append((int(t0), part))
     out = np.empty((sel.size, qf.shape[1], D_V), dtype=to_bf16(0).dtype)
     lse = np.empty((sel.size, qf.shape[1]), dtype=np.float32)
     for i, b in enumerate(sel):

@@ -7,6 +7,8 @@ them (:mod:`hipmla.runtime`, :mod:`hipmla.aot`) and imports no GPU library:
 - :class:`DecodeParams` mirrors ``struct MlaDecodeParams`` (``hip_src/params.h``), the
   one argument every kernel takes by value;
 - :class:`KernelSpec` names a kernel symbol, its source and its ``-D`` specialisation;
+- :func:`fast_split_kernel` picks an arch's fast split kernel for whole tiles (gfx950
+  MXFP4: the scaled MFMA), or None where the portable kernel does everything;
 - :func:`translation_unit` turns a source file into one self-contained string, because
   hiprtc and NVRTC see no include path.
 """
@@ -35,6 +37,15 @@ FNUZ_ARCHS = ("gfx940", "gfx941", "gfx942")
 
 SPLIT_SOURCE = "decode/split.hip"
 COMBINE_SOURCE = "decode/combine.hip"
+FAST_SOURCES = {"gfx950": "decode/split_mfma_gfx950.hip"}
+#: Tokens per tile of the fast kernels; every range they get is a whole number of tiles.
+FAST_TILE_TOKENS = 128
+#: (kv_format, q_precision) pairs each arch's fast kernel implements.
+FAST_VARIANTS = {"gfx950": (("mxfp4", "fp8"), ("mxfp4", "mxfp4"))}
+#: The fast path's Q precision when the caller does not insist: MXFP8 Q is ~3.5x more
+#: accurate than MXFP4 Q (tests/test_emulate.py) and decode stays memory-bound with it
+#: (``python -m hipmla build --report``).
+DEFAULT_FAST_Q_PRECISION = "fp8"
 
 _INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"\s*$')
 _PRAGMA_ONCE = re.compile(r"^\s*#\s*pragma\s+once\s*$")
@@ -72,6 +83,12 @@ class KernelSpec:
     defines: tuple[tuple[str, str], ...]
     block_threads: int
     dynamic_shared_bytes: int  # 0: the kernels use static shared memory only
+    archs: tuple[str, ...] = ()  # processors it builds for; () = every target
+    tile_tokens: int = 0  # > 0: every work item must cover whole tiles of this many tokens
+
+    def builds_for(self, arch: str) -> bool:
+        """Whether this kernel exists for ``arch`` (target features ignored)."""
+        return not self.archs or arch.split(":", 1)[0] in self.archs
 
     def options(self, arch: str) -> list[str]:
         """``-D`` options for ``arch`` (``"gfx950"``, ``"gfx942:sramecc+:xnack-"``,
@@ -118,8 +135,46 @@ def combine_kernel() -> KernelSpec:
 
 
 def all_kernels() -> list[KernelSpec]:
-    """Every specialisation: 3 cache formats x 3 Q precisions, then the combine kernel."""
+    """Every portable specialisation (any target): 3 cache formats x 3 Q precisions, then
+    the combine kernel."""
     return [split_kernel(kv, qp) for kv in KV_FORMATS for qp in Q_PRECISIONS] + [combine_kernel()]
+
+
+def fast_split_kernel(arch: str, kv_format: str, q_precision: str) -> KernelSpec | None:
+    """The fast split kernel of ``arch`` (``"gfx950"``, ``"gfx942:sramecc+:xnack-"``,
+    ``"sm_90"``) for whole ``FAST_TILE_TOKENS`` tiles, or None when the arch has none for
+    this cache format and Q precision (the portable kernel then takes every item)."""
+    if not isinstance(arch, str) or not arch.strip():
+        raise ValueError(f"arch: expected an offload arch such as 'gfx950' or 'sm_90', got {arch!r}")
+    _check_choice(kv_format, "kv_format", KV_FORMATS)
+    _check_choice(q_precision, "q_precision", Q_PRECISIONS)
+    processor = arch.split(":", 1)[0]
+    if (kv_format, q_precision) not in FAST_VARIANTS.get(processor, ()):
+        return None
+    return KernelSpec(
+        symbol=f"hipmla_decode_split_{processor}_{kv_format}_q{q_precision}",
+        source=FAST_SOURCES[processor],
+        defines=(
+            ("HIPMLA_KV_FORMAT", str(FORMAT_CODES[kv_format])),
+            ("HIPMLA_Q_PRECISION", str(FORMAT_CODES[q_precision])),
+        ),
+        block_threads=BLOCK_THREADS,
+        dynamic_shared_bytes=0,
+        archs=(processor,),
+        tile_tokens=FAST_TILE_TOKENS,
+    )
+
+
+def fast_kernels(arch: str) -> list[KernelSpec]:
+    """Every fast kernel ``arch`` has (empty for archs without a fast path)."""
+    processor = arch.split(":", 1)[0] if isinstance(arch, str) else arch
+    return [spec for kv, qp in FAST_VARIANTS.get(processor, ())
+            if (spec := fast_split_kernel(arch, kv, qp)) is not None]
+
+
+def kernels_for_arch(arch: str) -> list[KernelSpec]:
+    """What an offline build for ``arch`` compiles: the portable kernels, then its fast ones."""
+    return all_kernels() + fast_kernels(arch)
 
 
 def _check_count(value: int, name: str) -> int:

@@ -8,6 +8,11 @@ covers its whole sequence and writes the final output itself; otherwise it write
 partial ``(acc, m, l)`` into scratch slot ``slot`` and the combine kernel merges the
 slots ``seq_slots[b] .. seq_slots[b+1]-1`` of each split sequence.
 
+A device with a fast split kernel for whole tiles (gfx950 MXFP4: 128 tokens) gets a plan
+made with ``fast_tile_tokens``: the first ``n_fast`` rows of ``work`` are ranges of whole
+tiles for the fast kernel, the rest (tails, short sequences) go to the portable kernel.
+Every other device plans with ``fast_tile_tokens=0`` and gets what it always got.
+
 The plan never looks at device memory: it is built from the lengths the caller
 already has on the host, so a decode call never synchronises.
 """
@@ -38,6 +43,8 @@ class DecodePlan:
     num_cus: int
     align_tokens: int
     kv_indptr: np.ndarray = field(repr=False)  # [b + 1] the indptr these lengths imply
+    n_fast: int = 0  # work[:n_fast] are whole fast tiles for the fast kernel, the rest portable
+    fast_tile_tokens: int = 0  # the fast kernel's tile (0: no fast path)
 
     @property
     def batch(self) -> int:
@@ -46,6 +53,20 @@ class DecodePlan:
     @property
     def n_work(self) -> int:
         return int(self.work.shape[0])
+
+    @property
+    def fast_work(self) -> np.ndarray:
+        """Items of the fast kernel (a view of the first ``n_fast`` rows of ``work``)."""
+        return self.work[: self.n_fast]
+
+    @property
+    def portable_work(self) -> np.ndarray:
+        """Items of the portable kernel (a view of the rows after the fast ones)."""
+        return self.work[self.n_fast :]
+
+    @property
+    def n_portable(self) -> int:
+        return self.n_work - self.n_fast
 
     @property
     def n_slots(self) -> int:
@@ -124,6 +145,7 @@ def make_plan(
     items_per_cu: int = DEFAULT_ITEMS_PER_CU,
     min_split_tokens: int = DEFAULT_MIN_SPLIT_TOKENS,
     align_tokens: int = DEFAULT_ALIGN_TOKENS,
+    fast_tile_tokens: int = 0,
 ) -> DecodePlan:
     """Plan a batch with the given per-sequence lengths for ``num_cus`` compute units.
 
@@ -131,12 +153,21 @@ def make_plan(
     still has its output written: zeros and LSE = -inf). Items of one sequence are
     equal up to one alignment unit. Items are ordered longest first so the hardware
     dispatcher, which hands out blocks in order, starts the stragglers first.
+
+    ``fast_tile_tokens`` > 0 (the fast kernel's tile; ``align_tokens`` should be a
+    multiple of it, so only a sequence's last item has a remainder) cuts each item into
+    its whole tiles, for the fast kernel, and its remainder, for the portable kernel; a
+    sequence that thereby gets two items is split (its items write partial slots). Fast
+    items come first in ``work``.
     """
     lens = _check_lens(seq_lens)
     for name, v in (("num_cus", num_cus), ("items_per_cu", items_per_cu),
                     ("min_split_tokens", min_split_tokens), ("align_tokens", align_tokens)):
         if not isinstance(v, (int, np.integer)) or v < 1:
             raise ValueError(f"{name}: expected an integer >= 1, got {v!r}")
+    if isinstance(fast_tile_tokens, bool) or not isinstance(fast_tile_tokens, (int, np.integer)) \
+            or fast_tile_tokens < 0:
+        raise ValueError(f"fast_tile_tokens: expected an integer >= 0 (0: no fast kernel), got {fast_tile_tokens!r}")
     indptr = indptr_from_lengths(lens)
     chunk = split_size(lens, num_cus, items_per_cu, min_split_tokens, align_tokens)
 
@@ -152,13 +183,29 @@ def make_plan(
     begin = np.minimum(u_begin * align_tokens, lens[seq])
     end = np.minimum(u_end * align_tokens, lens[seq])
 
+    fast = np.zeros(seq.shape[0], dtype=bool)
+    if fast_tile_tokens:
+        whole = (end - begin) // fast_tile_tokens * fast_tile_tokens
+        cut = (whole > 0) & (whole < end - begin)
+        # Items with whole tiles and a remainder become two: [begin, mid) fast, [mid, end).
+        mid = begin + whole
+        seq = np.concatenate([seq, seq[cut]])
+        begin, end = np.concatenate([begin, mid[cut]]), np.concatenate([np.where(cut, mid, end), end[cut]])
+        fast = np.concatenate([whole > 0, np.zeros(int(cut.sum()), dtype=bool)])
+        by_seq = np.lexsort((begin, seq))  # keep each sequence's items in token order
+        seq, begin, end, fast = seq[by_seq], begin[by_seq], end[by_seq], fast[by_seq]
+        n_split = np.bincount(seq, minlength=lens.shape[0])
+        first = np.concatenate([[0], np.cumsum(n_split)[:-1]])
+        k = np.arange(seq.shape[0]) - first[seq]
+
     split = n_split > 1
     seq_slots = np.zeros(lens.shape[0] + 1, dtype=np.int64)
     np.cumsum(np.where(split, n_split, 0), out=seq_slots[1:])
     slot = np.where(split[seq], seq_slots[seq] + k, -1)
 
     work = np.stack([seq, begin, end, slot], axis=1)
-    order = np.argsort(-(end - begin), kind="stable")
+    # Fast items first, each kind longest first.
+    order = np.lexsort((-(end - begin), ~fast))
     work = np.ascontiguousarray(work[order], dtype=np.int32)
     return DecodePlan(
         seq_lens=lens.astype(np.int32),
@@ -167,4 +214,6 @@ def make_plan(
         num_cus=int(num_cus),
         align_tokens=int(align_tokens),
         kv_indptr=indptr,
+        n_fast=int(fast.sum()),
+        fast_tile_tokens=int(fast_tile_tokens),
     )

@@ -381,7 +381,34 @@ def versions() -> dict[str, int]:
 # --- memory ------------------------------------------------------------------------
 
 
-class DeviceBuffer:
+class _Owned:
+    """Releases its handle on ``close()``, on leaving a ``with`` block, or when collected
+    — only in the process that created it (a forked child must not free its parent's)."""
+
+    _owner_pid = -1
+
+    def _live(self) -> bool:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        # At interpreter exit the module globals may already be gone.
+        if hip is not None and self._owner_pid == os.getpid() and self._live():
+            try:
+                self.close()
+            except Exception:
+                pass
+
+
+class DeviceBuffer(_Owned):
     """Device memory owned by this object; ``ptr`` is its address (0 once freed)."""
 
     def __init__(self, ptr: int, nbytes: int):
@@ -394,19 +421,10 @@ class DeviceBuffer:
             ptr, self.ptr = self.ptr, 0
             check(hip.hipFree(ptr))
 
-    def __enter__(self) -> DeviceBuffer:
-        return self
+    close = free
 
-    def __exit__(self, *exc) -> None:
-        self.free()
-
-    def __del__(self) -> None:
-        # At interpreter exit the module globals may already be gone.
-        if self.ptr and hip is not None and self._owner_pid == os.getpid():
-            try:
-                self.free()
-            except Exception:
-                pass
+    def _live(self) -> bool:
+        return bool(self.ptr)
 
     def __repr__(self) -> str:
         return f"DeviceBuffer(ptr={self.ptr:#x}, nbytes={self.nbytes})"
@@ -508,7 +526,7 @@ def memset(dst_ptr: int, value: int, nbytes: int, stream=None) -> None:
 # --- streams and events ------------------------------------------------------------
 
 
-class Stream:
+class Stream(_Owned):
     """A HIP stream. ``Stream()`` creates one; ``Stream.null()`` is the null stream.
 
     ``handle`` is what hip-python takes: a hip-python stream object, or 0 for the null
@@ -539,21 +557,11 @@ class Stream:
             self._owned = False
             check(hip.hipStreamDestroy(self.handle))
 
-    def __enter__(self) -> Stream:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    def __del__(self) -> None:
-        if getattr(self, "_owned", False) and hip is not None and self._owner_pid == os.getpid():
-            try:
-                self.close()
-            except Exception:
-                pass
+    def _live(self) -> bool:
+        return getattr(self, "_owned", False)
 
 
-class Event:
+class Event(_Owned):
     """A HIP event for timing work on a stream."""
 
     def __init__(self):
@@ -578,18 +586,8 @@ class Event:
             handle, self.handle = self.handle, None
             check(hip.hipEventDestroy(handle))
 
-    def __enter__(self) -> Event:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    def __del__(self) -> None:
-        if getattr(self, "handle", None) is not None and hip is not None and self._owner_pid == os.getpid():
-            try:
-                self.close()
-            except Exception:
-                pass
+    def _live(self) -> bool:
+        return getattr(self, "handle", None) is not None
 
 
 # --- compilation -------------------------------------------------------------------
@@ -717,7 +715,7 @@ def _program_log(prog) -> str:
 # --- modules and launches ----------------------------------------------------------
 
 
-class Module:
+class Module(_Owned):
     """A loaded code object. Its functions stay valid until ``close()``."""
 
     def __init__(self, code: bytes):
@@ -743,18 +741,8 @@ class Module:
             self._functions.clear()
             check(hip.hipModuleUnload(handle))
 
-    def __enter__(self) -> Module:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    def __del__(self) -> None:
-        if getattr(self, "handle", None) is not None and hip is not None and self._owner_pid == os.getpid():
-            try:
-                self.close()
-            except Exception:
-                pass
+    def _live(self) -> bool:
+        return getattr(self, "handle", None) is not None
 
 
 def _loaded_library(name: str) -> str | None:

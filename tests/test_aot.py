@@ -503,7 +503,7 @@ def fake_kernels(monkeypatch):
     """Makes build_all see the given specs, whose sources are their own TUs."""
 
     def install(specs):
-        monkeypatch.setattr(aot, "all_kernels", lambda: list(specs))
+        monkeypatch.setattr(aot, "kernels_for_arch", lambda arch: list(specs))
         monkeypatch.setattr(aot, "translation_unit", lambda source: source)
 
     return install
@@ -565,6 +565,96 @@ def gfx950_rows(tmp_path_factory):
 
 def test_all_project_kernels_build_for_gfx950_within_budget(gfx950_rows):
     kernels, rows = gfx950_rows
-    assert sorted(r.symbol for r in rows) == sorted(s.symbol for s in kernels.all_kernels())
+    assert sorted(r.symbol for r in rows) == sorted(s.symbol for s in kernels.kernels_for_arch("gfx950"))
+    assert {"hipmla_decode_split_gfx950_mxfp4_qfp8", "hipmla_decode_split_gfx950_mxfp4_qmxfp4"} <= {r.symbol for r in rows}
     assert all(r.arch == "gfx950" and r.waves_per_simd >= 1 for r in rows)
     assert aot.check_budget(rows) == [], aot.format_report(rows)
+
+
+# --- instruction counts and the MI355X prediction --------------------------------------
+
+DISASM = """
+/tmp/k.co:\tfile format elf64-amdgpu
+
+Disassembly of section .text:
+
+0000000000001000 <kern>:
+\ts_mov_b32 s0, 0                                          // 000000001000: BE800080
+\tv_mfma_f32_16x16x32_bf16 v[0:3], v[4:7], v[8:11], v[0:3] // 000000001004: D3B50000 04021104
+\tds_read_b128 v[4:7], v1                                  // 00000000100C: D9FE0000 04000001
+\tv_exp_f32_e32 v2, v2                                     // 000000001014: 7E044102
+\tv_mfma_scale_f32_16x16x128_f8f6f4 v[0:3], v[4:11], v[12:19], v[0:3], v20, v21 op_sel_hi:[0,0,0] cbsz:4 blgp:4 // 000000001018: D3AC0000
+\tv_mfma_scale_f32_16x16x128_f8f6f4 v[0:3], v[4:11], v[12:19], v[0:3], v20, v21 op_sel_hi:[0,0,0] cbsz:4 // 000000001028: D3AC0000
+\tglobal_load_lds_dwordx4 v[2:3], off                       // 000000001038: DDF88000
+\ts_cbranch_scc1 65530                                      // 000000001040: BF85FFFA <kern+0x4>
+\tv_mfma_f32_16x16x32_bf16 v[0:3], v[4:7], v[8:11], v[0:3] // 000000001044: D3B50000 04021104
+\ts_endpgm                                                 // 000000001048: BF810000
+
+0000000000001100 <other>:
+\ts_endpgm                                                 // 000000001100: BF810000
+"""
+
+
+def test_main_loop_counts_one_trip_by_kind():
+    ins = aot.parse_disassembly(DISASM, "kern")
+    assert len(ins) == 10 and ins[0].address == 0x1000
+    body = aot.main_loop(ins, "kern", 0x1000)
+    assert [x.address for x in body][0] == 0x1004 and body[-1].mnemonic == "s_cbranch_scc1"
+    c = aot.count_loop(body, "kern")
+    # bf16 16 + fp4 x fp4 16 + fp8 x fp4 32 cycles; the MFMA after the loop is not counted
+    assert (c.mfma, c.mfma_cycles) == (3, 64)
+    assert (c.valu, c.transcendental) == (1, 1)
+    assert (c.lds, c.global_loads, c.salu, c.total) == (1, 1, 1, 7)
+    assert c.lds_bytes == 64 * 16 + 64 * 16  # one b128 read + one 1 KiB copy into LDS
+
+
+def test_disassembly_errors_name_the_symbol():
+    with pytest.raises(ValueError, match="symbol: no function 'nope'"):
+        aot.parse_disassembly(DISASM, "nope")
+    with pytest.raises(ValueError, match="symbol: 'other' has no loop"):
+        aot.main_loop(aot.parse_disassembly(DISASM, "other"), "other", 0x1100)
+
+
+def test_prediction_is_the_slower_of_memory_and_issue():
+    counts = aot.LoopCounts("k", mfma=42, mfma_cycles=832, valu=600, transcendental=9, lds=88,
+                            lds_bytes=40000, global_loads=11, salu=100, total=900)
+    big = aot.predict(counts, 1, 256, 8192)
+    # 256 x 8192 tokens x 306 B at 8 TB/s, plus Q, output and the planner's two partials
+    # per sequence (written and read back: +5%)
+    assert 256 * 8192 * 306 / 8e12 * 1e6 < big.hbm_us < 1.08 * 256 * 8192 * 306 / 8e12 * 1e6
+    lo, hi = big.compute_us
+    assert lo < hi and big.predicted_us == (max(big.hbm_us, lo), max(big.hbm_us, hi))
+    # twice the VALU work: the issue bound grows, the memory bound does not
+    heavy = aot.predict(aot.LoopCounts("k", 42, 832, 1200, 9, 88, 40000, 11, 100, 1500), 1, 256, 8192)
+    assert heavy.compute_us[0] > lo and heavy.hbm_us == big.hbm_us
+    # a small batch is bound by its longest item, not by bandwidth
+    small = aot.predict(counts, 1, 4, 1024)
+    assert small.compute_us[0] > small.hbm_us
+
+
+@pytest.fixture(scope="module")
+def fast_counts(gfx950_rows, tmp_path_factory):
+    kernels, rows = gfx950_rows
+    out = {}
+    for spec in kernels.fast_kernels("gfx950"):
+        co = aot.compile_offline(spec, "gfx950", tmp_path_factory.mktemp("fast"))
+        out[spec.symbol] = aot.loop_counts(co, spec.symbol)
+    return out
+
+
+def test_fast_kernel_loop_is_one_tile_of_mfmas(fast_counts):
+    """Per wave and tile: Q.K = 2 score groups x 5 k-steps of the scaled MFMA, P.V = 32
+    bf16 MFMAs; 9 KiB of KV by 9 LDS copies + 9 scale bytes + ... (11 loads in all)."""
+    for symbol, c in fast_counts.items():
+        assert c.mfma == 42, (symbol, c)
+        assert c.global_loads >= 9, (symbol, c)
+        assert c.mfma_cycles == (10 * 32 if symbol.endswith("qfp8") else 10 * 16) + 32 * 16
+
+
+def test_report_prints_predictions_for_every_benchmark_shape(gfx950_rows, tmp_path):
+    kernels, rows = gfx950_rows
+    fast = [r for r in rows if r.symbol.startswith("hipmla_decode_split_gfx950_")]
+    text = aot.fast_report(fast, tmp_path)
+    assert "PREDICTED MI355X" in text and "not measured" in text
+    for bs, n in aot.BENCHMARK_SHAPES:
+        assert f"{bs:>3}x{n:<5}" in text

@@ -88,15 +88,14 @@ class FakeFunction:
         self.launches = []
 
     def launch(self, grid, block, args, shared_bytes=0, stream=None):
-        self.launches.append((grid, block, args.n_work, args.batch, args.q, stream))
+        self.launches.append((grid, block, args.n_work, args.batch, args.q, args.work))
 
 
-@pytest.fixture
-def host_decoder(monkeypatch):
-    """A Decoder whose runtime is faked: launches are recorded, nothing touches a GPU."""
+def fake_runtime(monkeypatch, arch: str):
+    """Fake the runtime under a Decoder: launches are recorded, nothing touches a GPU."""
     from hipmla import runtime
 
-    info = runtime.DeviceInfo(0, "fake", "gfx950", "gfx950", "amd", 8, 64, 65536, 65536,
+    info = runtime.DeviceInfo(0, "fake", arch, arch, "amd", 8, 64, 65536, 65536,
                               1 << 34, 1 << 22, 0, 0, 0, 0.0)
     addresses = iter(range(0x10000, 1 << 40, 0x10000))
 
@@ -118,9 +117,35 @@ def host_decoder(monkeypatch):
                         lambda spec, arch: functions.setdefault(spec.symbol, FakeFunction(spec.symbol)))
     monkeypatch.setattr(runtime, "alloc", FakeBuffer)
     monkeypatch.setattr(runtime, "DeviceArray", FakeArray)
+    return functions
+
+
+@pytest.fixture
+def host_decoder(monkeypatch):
+    """An mxfp4 Decoder on a faked arch without a fast kernel."""
+    functions = fake_runtime(monkeypatch, "gfx942")
     dec = decode.Decoder("mxfp4", 1 / 24)
     dec.functions = functions
     return dec
+
+
+def test_gfx950_routes_whole_tiles_to_the_fast_kernel(monkeypatch):
+    functions = fake_runtime(monkeypatch, "gfx950")
+    dec = decode.Decoder("mxfp4", 1 / 24)  # q_precision "auto"
+    assert dec.config.q_precision == "fp8" and dec._fast is not None
+    plan = dec.plan(np.array([1000, 5, 0, 256]))
+    n_fast, n_portable = plan.plan.n_fast, plan.plan.n_portable
+    assert n_fast > 0 and n_portable > 0
+    dec.run(plan, **host_buffers(4, 1261))
+    fast = functions[dec._fast.symbol].launches
+    portable = functions[dec._split.symbol].launches
+    assert [l[0] for l in fast] == [(n_fast, 1, 1)] and fast[0][2] == n_fast
+    assert [l[0] for l in portable] == [(n_portable, 1, 1)] and portable[0][2] == n_portable
+    # the portable launch reads the work list after the fast items (4 int32 per item)
+    assert portable[0][5] == fast[0][5] + 16 * n_fast
+    assert functions[dec._combine.symbol].launches[0][0] == (4, 1, 1)
+    bf16 = decode.Decoder("mxfp4", 1 / 24, q_precision="bf16")
+    assert bf16._fast is None  # no fast kernel for bf16 Q: everything portable
 
 
 def host_buffers(b, rows):
@@ -489,3 +514,13 @@ def test_device_ptr_checks_alignment():
     with pytest.raises(ValueError, match="q: device address"):
         decode.device_ptr(FakeCAI((1, 16, 576), "<u2", 0x1002), "q", itemsize=2, align=16)
     assert decode.device_ptr(0x1001, "kv_scale", itemsize=1, align=1) == 0x1001
+
+
+def test_auto_q_precision_is_the_fast_kernels_where_there_is_one():
+    assert decode.resolve_q_precision("auto", "gfx950", "mxfp4") == "fp8"
+    assert decode.resolve_q_precision("auto", "gfx950", "bf16") == "bf16"
+    assert decode.resolve_q_precision("auto", "gfx942", "mxfp4") == "bf16"
+    assert decode.resolve_q_precision("auto", "sm_90", "mxfp4") == "bf16"
+    assert decode.resolve_q_precision("mxfp4", "sm_90", "mxfp4") == "mxfp4"
+    with pytest.raises(ValueError, match="q_precision"):
+        decode.resolve_q_precision("fp16", "gfx950", "mxfp4")

@@ -175,9 +175,12 @@ def amd_builds(tmp_path_factory):
         syms = subprocess.run([READELF, "--symbols", str(co)], capture_output=True, text=True).stdout
         return 0, proc.stderr, notes, syms
 
-    jobs = [(s, a) for s in all_kernels() for a in ARCHS]
+    jobs = [(s, a) for s in all_kernels() for a in ARCHS] + [(s, "gfx950") for s in FAST_950]
     with ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
         return dict(zip(jobs, pool.map(build, jobs)))
+
+
+FAST_950 = kernels.fast_kernels("gfx950")
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -193,6 +196,63 @@ def test_offline_build(amd_builds, spec: KernelSpec, arch: str):
     assert _notes_value(notes, "sgpr_spill_count") == 0
     assert _notes_value(notes, "group_segment_fixed_size") <= 48 * 1024
     assert _notes_value(notes, "max_flat_workgroup_size") == spec.block_threads
+
+
+@pytest.mark.parametrize("spec", FAST_950, ids=lambda s: s.symbol)
+def test_fast_gfx950_build_within_budget(amd_builds, spec: KernelSpec):
+    """The gfx950 fast kernels: no scratch, no spills, LDS within a gfx950 CU (160 KiB)."""
+    rc, err, notes, syms = amd_builds[(spec, "gfx950")]
+    assert rc == 0, err
+    assert re.search(rf"^\s*\.name:\s+{spec.symbol}$", notes, re.M)
+    assert _notes_value(notes, "private_segment_fixed_size") == 0
+    assert _notes_value(notes, "vgpr_spill_count") == 0
+    assert _notes_value(notes, "sgpr_spill_count") == 0
+    assert _notes_value(notes, "group_segment_fixed_size") <= 160 * 1024
+    assert _notes_value(notes, "max_flat_workgroup_size") == spec.block_threads
+
+
+@pytest.mark.parametrize("spec", FAST_950, ids=lambda s: s.symbol)
+def test_fast_gfx950_code_uses_the_matrix_cores(spec: KernelSpec, tmp_path):
+    """llvm-objdump of the build: the scaled MFMA (fp8 or fp4 B operand as specialised),
+    the bf16 MFMA, the scaled fp4 -> bf16 convert and the global -> LDS copy are there."""
+    objdump = shutil.which("llvm-objdump-22")
+    if CLANG is None or objdump is None:
+        pytest.skip("clang++-22 / llvm-objdump-22 not installed")
+    tu = tmp_path / "k.hip"
+    tu.write_text(translation_unit(spec.source))
+    co = tmp_path / "k.co"
+    subprocess.run([CLANG, "-x", "hip", "--offload-arch=gfx950", "--cuda-device-only", "-nogpulib",
+                    "-nogpuinc", "--no-gpu-bundle-output", "-O3", "-std=c++17", *spec.options("gfx950"),
+                    str(tu), "-o", str(co)], check=True, capture_output=True)
+    text = subprocess.run([objdump, "-d", str(co)], capture_output=True, text=True, check=True).stdout
+    scaled = re.findall(r"v_mfma_scale_f32_16x16x128_f8f6f4 .*", text)
+    assert len(scaled) == 10  # 2 score groups x 5 k-steps, unrolled
+    q_fp4 = spec.symbol.endswith("qmxfp4")
+    # A = K is always e2m1 (cbsz:4); B = Q is e2m1 (blgp:4) or e4m3 (blgp omitted: 0)
+    assert all("cbsz:4" in line and (("blgp:4" in line) == q_fp4) for line in scaled)
+    assert len(re.findall(r"\bv_mfma_f32_16x16x32_bf16\b", text)) == 32
+    assert len(re.findall(r"\bv_cvt_scalef32_pk_bf16_fp4\b", text)) == 128
+    assert re.search(r"\bglobal_load_lds_dwordx4\b", text)
+    assert re.search(r"\bds_bpermute_b32\b", text)
+
+
+def test_fast_split_kernel_choice():
+    spec = kernels.fast_split_kernel("gfx950", "mxfp4", "fp8")
+    assert spec.symbol == "hipmla_decode_split_gfx950_mxfp4_qfp8" and spec.tile_tokens == 128
+    assert spec.options("gfx950") == ["-DHIPMLA_KV_FORMAT=2", "-DHIPMLA_Q_PRECISION=1", "-DHIPMLA_FP8_FNUZ=0"]
+    assert spec.builds_for("gfx950") and not spec.builds_for("gfx942") and not spec.builds_for("sm_90")
+    assert kernels.fast_split_kernel("gfx950:xnack-", "mxfp4", "mxfp4").symbol.endswith("_qmxfp4")
+    # no fast kernel: other formats, bf16 Q, other archs (the portable kernel does it all)
+    for arch, kv, qp in (("gfx950", "fp8", "fp8"), ("gfx950", "mxfp4", "bf16"),
+                         ("gfx942", "mxfp4", "fp8"), ("sm_90", "mxfp4", "fp8")):
+        assert kernels.fast_split_kernel(arch, kv, qp) is None
+    assert kernels.fast_kernels("sm_90") == [] and kernels.kernels_for_arch("sm_90") == all_kernels()
+    assert [s.symbol for s in kernels.kernels_for_arch("gfx950")][-2:] == [s.symbol for s in FAST_950]
+    assert all(s.builds_for("sm_90") for s in all_kernels())
+    with pytest.raises(ValueError, match="arch: expected an offload arch"):
+        kernels.fast_split_kernel("", "mxfp4", "fp8")
+    with pytest.raises(ValueError, match="q_precision: expected one of"):
+        kernels.fast_split_kernel("gfx950", "mxfp4", "fp16")
 
 
 def test_missing_specialisation_stops_the_build(tmp_path):

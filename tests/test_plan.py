@@ -165,3 +165,55 @@ def test_bad_lengths(lens, exc, message):
 def test_bad_parameters(kwargs, name):
     with pytest.raises(ValueError, match=rf"^{name}: expected an integer >= 1"):
         make_plan([10, 20], **kwargs)
+
+
+# --- routing between the fast kernel (whole 128-token tiles) and the portable one -------
+
+@pytest.mark.parametrize("lens, cus", [([1000, 5, 0, 4096, 128, 300], 8), ([8192] * 4, 256),
+                                       ([127, 129, 255, 256, 257], 3), ([0, 0], 4)])
+def test_fast_plan_covers_every_token_once_with_whole_fast_tiles(lens, cus):
+    plan = make_plan(lens, cus, fast_tile_tokens=128)
+    fast, rest = plan.fast_work, plan.portable_work
+    assert fast.shape[0] == plan.n_fast and rest.shape[0] == plan.n_portable == plan.n_work - plan.n_fast
+    assert ((fast[:, 2] - fast[:, 1]) % 128 == 0).all() and (fast[:, 2] > fast[:, 1]).all()
+    # portable items: tails shorter than a tile, or empty sequences
+    assert ((rest[:, 2] - rest[:, 1]) < 128).all()
+    for b, n in enumerate(lens):
+        items = plan.work[plan.work[:, 0] == b]
+        items = items[np.argsort(items[:, 1])]
+        assert items[0, 1] == 0 and items[-1, 2] == n and (items[1:, 1] == items[:-1, 2]).all()
+        slots = sorted(items[:, 3].tolist())
+        if len(items) == 1:
+            assert slots == [-1]
+        else:
+            assert slots == list(range(plan.seq_slots[b], plan.seq_slots[b + 1]))
+    assert sorted(np.concatenate([plan.work[:, 3][plan.work[:, 3] >= 0]]).tolist()) == list(range(plan.n_slots))
+
+
+def test_fast_items_come_first_longest_first():
+    plan = make_plan([1000, 5, 4096, 300], 8, fast_tile_tokens=128)
+    lengths = plan.work[:, 2] - plan.work[:, 1]
+    assert (np.diff(lengths[: plan.n_fast]) <= 0).all() and (np.diff(lengths[plan.n_fast:]) <= 0).all()
+    # 1000 = 896 fast + 104 tail; 300 = 256 + 44; 5 stays portable and unsplit
+    tails = sorted(map(tuple, plan.portable_work[:, :3].tolist()))
+    assert tails == [(0, 896, 1000), (1, 0, 5), (3, 256, 300)]
+    assert plan.work[plan.work[:, 0] == 1][0, 3] == -1
+
+
+def test_without_a_fast_kernel_nothing_changes():
+    lens = [1000, 5, 0, 4096, 128, 300]
+    old = make_plan(lens, 8)
+    new = make_plan(lens, 8, fast_tile_tokens=0)
+    assert old.n_fast == new.n_fast == 0 and old.fast_tile_tokens == 0
+    np.testing.assert_array_equal(old.work, new.work)
+    np.testing.assert_array_equal(old.portable_work, old.work)
+    # benchmark shapes are whole tiles: everything goes to the fast kernel, no extra slots
+    bench = make_plan([1024] * 4, 256, fast_tile_tokens=128)
+    plain = make_plan([1024] * 4, 256)
+    assert bench.n_fast == bench.n_work and bench.n_slots == plain.n_slots
+
+
+@pytest.mark.parametrize("bad", [-1, 1.5, True, "128"])
+def test_fast_tile_tokens_is_checked(bad):
+    with pytest.raises(ValueError, match="fast_tile_tokens: expected an integer >= 0"):
+        make_plan([10], 4, fast_tile_tokens=bad)

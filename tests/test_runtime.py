@@ -4,6 +4,7 @@ against a fake hip-python; real-device tests are marked ``gpu``."""
 from __future__ import annotations
 
 import ctypes
+import gc
 import enum
 import hashlib
 import os
@@ -214,6 +215,9 @@ class FakeHiprtc:
 @pytest.fixture
 def fake(monkeypatch, tmp_path):
     """The runtime bound to fakes, with a private compile cache directory."""
+    # Handles of earlier tests (Module <-> Function cycles) are released now, into the
+    # fakes they came from, not later into this test's.
+    gc.collect()
     fake_hip, fake_rtc = FakeHip(), FakeHiprtc()
     monkeypatch.setattr(runtime, "hip", fake_hip)
     monkeypatch.setattr(runtime, "hiprtc", fake_rtc)

@@ -1,0 +1,418 @@
+// gfx950 fast split kernel: MXFP4 KV, whole 128-token tiles only. One block per work
+// item of the fast work list (same (seq, token_begin, token_end, slot) items and the same
+// outputs as decode/split.hip: partial slots for the combine kernel, or bf16 output +
+// natural-log LSE for slot -1), Q.K on the scaled MFMA, P.V on the bf16 MFMA.
+// Numerics: those of hip_src/KERNELS.md for Q precision fp8 / mxfp4, walked in the
+// schedule below; hipmla.emulate.emulate_fast_item models it (README, "gfx950 fast path").
+//
+// Specialisation (all required):
+//   HIPMLA_KV_FORMAT    2 (mxfp4; the only format of this kernel)
+//   HIPMLA_Q_PRECISION  1 (Q as MXFP8 e4m3, fp8 x fp4 MFMA) or 2 (Q as MXFP4, fp4 x fp4)
+//   HIPMLA_FP8_FNUZ     0 (gfx950 fp8 is e4m3fn)
+//
+// Block = 4 waves. Each 128-token tile is cut in four 32-token quarters, quarter w to
+// wave w, so every wave has work for any whole number of tiles. A wave owns two LDS
+// buffers for its quarters (filled by asynchronous global -> LDS copies one tile ahead),
+// its own online-softmax state for all 16 heads and a 16 x 512 f32 accumulator; the
+// waves meet only to quantize Q at the start and to merge their states at the end.
+//
+// Per quarter, in wave64 lane roles (arch/gfx950.h): Q.K is computed transposed,
+// S^T = K Q^T (A = K rows, B = Q), so each lane ends with scores of ONE head
+// (lane_col) for 8 tokens; the head's max is a 4-lane reduction, and P^T is already in
+// the B-operand layout of the transposed P.V, O^T = V^T P^T, whose outputs again belong
+// to one head per lane: alpha rescales with no cross-lane traffic.
+#include "params.h"
+#include "common/config.h"
+#include "common/numerics.h"
+#include "common/platform.h"
+#include "arch/gfx950.h"
+
+#if !defined(HIPMLA_KV_FORMAT) || !defined(HIPMLA_Q_PRECISION) || !defined(HIPMLA_FP8_FNUZ)
+#error "split_mfma_gfx950.hip needs -DHIPMLA_KV_FORMAT=2 -DHIPMLA_Q_PRECISION=<1|2> -DHIPMLA_FP8_FNUZ=0"
+#endif
+#if HIPMLA_KV_FORMAT != 2 || HIPMLA_FP8_FNUZ != 0
+#error "split_mfma_gfx950.hip: MXFP4 KV (HIPMLA_KV_FORMAT=2) and e4m3fn (HIPMLA_FP8_FNUZ=0) only"
+#endif
+#if HIPMLA_Q_PRECISION == 1
+#define HIPMLA_FAST_NAME hipmla_decode_split_gfx950_mxfp4_qfp8
+#elif HIPMLA_Q_PRECISION == 2
+#define HIPMLA_FAST_NAME hipmla_decode_split_gfx950_mxfp4_qmxfp4
+#else
+#error "split_mfma_gfx950.hip: HIPMLA_Q_PRECISION must be 1 (fp8) or 2 (mxfp4)"
+#endif
+
+namespace hipmla {
+namespace fast950 {
+
+using namespace gfx950;
+
+constexpr bool Q_FP8 = HIPMLA_Q_PRECISION == FORMAT_FP8;
+constexpr int Q_FMT = Q_FP8 ? MFMA_FMT_E4M3 : MFMA_FMT_E2M1;
+constexpr int WAVES = 4;
+constexpr int THREADS = WAVES * WAVE;
+constexpr int TILE = 128;                          // tokens per block step (planner unit)
+constexpr int QUARTER = TILE / WAVES;              // tokens per wave step
+constexpr int GROUPS = QUARTER / MFMA_N;           // 16-token score groups per quarter
+constexpr int ROW_BYTES = D_QK / 2;                // 288: MXFP4 row
+constexpr int SCALES = D_QK / MX_BLOCK;            // 18 E8M0 per row
+constexpr int SCALE_STRIDE = 20;                   // LDS bytes per row of scales
+constexpr int QUARTER_BYTES = QUARTER * ROW_BYTES; // 9216
+constexpr int COPIES = QUARTER_BYTES / 1024;       // 1 KiB async copies per quarter
+constexpr int K_STEPS = (D_QK + SCALED_K - 1) / SCALED_K;  // 5; the last one half empty
+constexpr int Q_BYTES_PER_HEAD = Q_FP8 ? D_QK : D_QK / 2;
+constexpr int V_GROUPS = D_V / (MFMA_N * 8);       // 4: 128 columns, one dword of a row per lane
+constexpr int V_TILES = 8;                         // MFMA tiles per V group: nibble n of the dword
+constexpr int SCALE_BYTES_PER_LANE = QUARTER * SCALES / WAVE;  // 9
+
+static_assert(THREADS == BLOCK_THREADS, "the fast kernel launches the project's block size");
+static_assert(HEADS == MFMA_N, "one head per lane_col: H = 16");
+static_assert(QUARTER_BYTES % 1024 == 0, "a quarter is a whole number of 1 KiB copies");
+static_assert(QUARTER == BF16_K, "one bf16 MFMA k-step per quarter");
+static_assert(QUARTER * SCALES == SCALE_BYTES_PER_LANE * WAVE, "scales: equal bytes per lane");
+static_assert(D_V == V_GROUPS * MFMA_N * 8, "V groups tile the value width");
+
+struct Buffer {
+    alignas(16) unsigned char kv[QUARTER_BYTES];
+    unsigned char scale[QUARTER * SCALE_STRIDE];
+};
+
+struct QStage {                                   // block-wide, before the first tile
+    alignas(16) unsigned char q[HEADS * Q_BYTES_PER_HEAD];
+    unsigned char scale[HEADS * SCALE_STRIDE];
+};
+
+struct Merge {                                    // after the last tile
+    float m[WAVES][HEADS];
+    float l[WAVES][HEADS];
+    alignas(16) float acc[V_GROUPS * V_TILES * 4][WAVE];  // one wave's accumulators, register order
+};
+
+// buf[1] is free until the first prefetch, so Q is staged there.
+union alignas(16) Smem {
+    Buffer buf[2][WAVES];
+    struct {
+        Buffer first[WAVES];
+        QStage q;
+    } start;
+    Merge merge;
+};
+static_assert(sizeof(QStage) <= sizeof(Buffer) * WAVES, "Q stages inside the second buffers");
+
+// Token of a quarter that score group i, D row x holds. The 4 lane groups read rows
+// {0, 2, 1, 3} + 4j, so the two 32-lane halves of a P.V dword read start on rows two
+// apart (16 banks apart with 288-byte rows) and do not conflict on a 32-bank LDS.
+HIPMLA_DEVICE int score_token(int i, int x) {
+    const int g = x / 4, j = x % 4;
+    return MFMA_N * i + 4 * j + ((g & 1) << 1) + (g >> 1);
+}
+// Token of P.V k-slot e (0..7) of lane group g: the same token the scores of that lane
+// hold in group e / 4, register e % 4 (P^T needs no shuffle).
+HIPMLA_DEVICE int pv_token(int g, int e) { return score_token(e / 4, 4 * g + e % 4); }
+
+// Exact element codes of values already on the element grid (after mx_round_element).
+HIPMLA_DEVICE unsigned e4m3fn_code(float r) {
+    const unsigned u = bits_from_f32(r);
+    const unsigned sign = (u >> 24) & 0x80u;
+    const float a = f32_from_bits(u & 0x7fffffffu);
+    if (a < 0.015625f) return sign | unsigned(a * 512.0f);        // subnormal: m * 2^-9
+    return sign | ((((u >> 23) & 0xffu) - 120u) << 3) | ((u >> 20) & 7u);
+}
+HIPMLA_DEVICE unsigned e2m1_code(float r) {
+    const unsigned u = bits_from_f32(r);
+    const unsigned sign = (u >> 28) & 0x8u;
+    const float a = f32_from_bits(u & 0x7fffffffu);
+    if (a < 1.0f) return sign | (a == 0.5f ? 1u : 0u);
+    return sign | ((((u >> 23) & 0xffu) - 126u) << 1) | ((u >> 22) & 1u);
+}
+
+// Quantizes Q of `seq` block by block (OCP floor rule, RNE, saturating) into element
+// codes + E8M0 in shared memory: the numerics of hip_src/KERNELS.md step 1.
+HIPMLA_DEVICE void stage_q(QStage& qs, const MlaDecodeParams& p, int seq) {
+    const unsigned short* q = static_cast<const unsigned short*>(p.q) + (long long)seq * HEADS * D_QK;
+    for (int b = int(thread_index()); b < HEADS * SCALES; b += THREADS) {
+        const int h = b / SCALES, blk = b % SCALES;
+        const unsigned short* x = q + h * D_QK + blk * MX_BLOCK;
+        float v[MX_BLOCK];
+        float amax = 0.0f;
+#pragma unroll
+        for (int c = 0; c < MX_BLOCK / 8; ++c) {
+            const u32x4 w = *reinterpret_cast<const u32x4*>(x + 8 * c);
+            const unsigned ws[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+            for (int k = 0; k < 4; ++k) {
+                v[8 * c + 2 * k] = f32_from_bits(ws[k] << 16);
+                v[8 * c + 2 * k + 1] = f32_from_bits(ws[k] & 0xffff0000u);
+            }
+        }
+#pragma unroll
+        for (int k = 0; k < MX_BLOCK; ++k) amax = __builtin_fmaxf(amax, __builtin_fabsf(v[k]));
+        const int e = mx_block_exponent(amax, Q_FP8 ? E4M3FN::emax : E2M1::emax);
+        const float down = exp2_int(-e);
+        unsigned char* dst = qs.q + h * Q_BYTES_PER_HEAD + blk * MX_BLOCK * (Q_FP8 ? 1 : 0) +
+                             blk * (MX_BLOCK / 2) * (Q_FP8 ? 0 : 1);
+#pragma unroll
+        for (int k = 0; k < MX_BLOCK; k += 2) {
+            if constexpr (Q_FP8) {
+                dst[k] = (unsigned char)e4m3fn_code(mx_round_element<E4M3FN>(v[k] * down));
+                dst[k + 1] = (unsigned char)e4m3fn_code(mx_round_element<E4M3FN>(v[k + 1] * down));
+            } else {
+                dst[k / 2] = (unsigned char)(e2m1_code(mx_round_element<E2M1>(v[k] * down)) |
+                                             (e2m1_code(mx_round_element<E2M1>(v[k + 1] * down)) << 4));
+            }
+        }
+        qs.scale[h * SCALE_STRIDE + blk] = (unsigned char)(e + 127);
+    }
+}
+
+// This lane's B operand (Q^T: column = head lane_col) of k-step s, and its scale.
+struct QOperand {
+    i32x8 data[K_STEPS];
+    unsigned scale[K_STEPS];
+};
+
+HIPMLA_DEVICE QOperand load_q_operand(const QStage& qs) {
+    QOperand op;
+    const int h = lane_col(), g = lane_rowgroup();
+    const unsigned char* row = qs.q + h * Q_BYTES_PER_HEAD;
+#pragma unroll
+    for (int s = 0; s < K_STEPS; ++s) {
+        u32x4 lo = {0u, 0u, 0u, 0u}, hi = {0u, 0u, 0u, 0u};
+        if constexpr (Q_FP8) {
+            // Two 16-element stripes: k = 16g.. and 64 + 16g.. of the step.
+            const int k0 = s * SCALED_K + 16 * g, k1 = k0 + 64;
+            if (k0 < D_QK) lo = *reinterpret_cast<const u32x4*>(row + k0);
+            if (k1 < D_QK) hi = *reinterpret_cast<const u32x4*>(row + k1);
+        } else {
+            const int k0 = s * SCALED_K + 32 * g;
+            if (k0 < D_QK) lo = *reinterpret_cast<const u32x4*>(row + k0 / 2);
+        }
+        op.data[s] = i32x8{int(lo.x), int(lo.y), int(lo.z), int(lo.w), int(hi.x), int(hi.y), int(hi.z), int(hi.w)};
+        const int blk = s * (SCALED_K / MX_BLOCK) + g;
+        op.scale[s] = blk < SCALES ? qs.scale[h * SCALE_STRIDE + blk] : 127u;
+    }
+    return op;
+}
+
+// Token t of sequence `seq` is KV row kv_indptr[seq] + t (the one place that knows it,
+// as in split.hip).
+HIPMLA_DEVICE long long kv_row(const MlaDecodeParams& p, int seq, int token) {
+    return (long long)p.kv_indptr[seq] + token;
+}
+
+// Starts the copy of one quarter (32 rows from `row0`) into `b`; its scales come back
+// in registers (`scales`), written to LDS by put_scales once they have landed.
+HIPMLA_DEVICE void fetch_quarter(Buffer& b, const MlaDecodeParams& p, long long row0, unsigned* scales) {
+    const unsigned char* src = static_cast<const unsigned char*>(p.kv) + row0 * ROW_BYTES;
+#pragma unroll
+    for (int c = 0; c < COPIES; ++c) copy_1k_to_lds(src + 1024 * c, b.kv + 1024 * c);
+    const int lane = lane_id();
+    const int r = lane / 2, half = lane % 2;
+    const unsigned char* s = p.kv_scale + (row0 + r) * p.stride_kv_scale + SCALE_BYTES_PER_LANE * half;
+#pragma unroll
+    for (int k = 0; k < SCALE_BYTES_PER_LANE; ++k) scales[k] = s[k];
+}
+
+HIPMLA_DEVICE void put_scales(Buffer& b, const unsigned* scales) {
+    const int lane = lane_id();
+    unsigned char* d = b.scale + (lane / 2) * SCALE_STRIDE + SCALE_BYTES_PER_LANE * (lane % 2);
+#pragma unroll
+    for (int k = 0; k < SCALE_BYTES_PER_LANE; ++k) d[k] = (unsigned char)scales[k];
+}
+
+// S^T of one quarter: score[i][j] = q_{lane_col} . k_{score_token(i, 4 g + j)} (raw).
+HIPMLA_DEVICE void quarter_scores(const Buffer& b, const QOperand& q, f32x4* score) {
+    const int x = lane_col(), g = lane_rowgroup();
+#pragma unroll
+    for (int i = 0; i < GROUPS; ++i) {
+        const int t = score_token(i, x);
+        const unsigned char* row = b.kv + t * ROW_BYTES;
+        f32x4 d = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+        for (int s = 0; s < K_STEPS; ++s) {
+            const int k0 = s * SCALED_K + 32 * g;  // e2m1 K: 32 consecutive k per lane
+            u32x4 k = {0u, 0u, 0u, 0u};
+            unsigned ks = 127u;
+            if (k0 < D_QK) {
+                k = *reinterpret_cast<const u32x4*>(row + k0 / 2);
+                ks = b.scale[t * SCALE_STRIDE + k0 / MX_BLOCK];
+            }
+            const i32x8 a = {int(k.x), int(k.y), int(k.z), int(k.w), 0, 0, 0, 0};
+            d = mfma_scaled_16x16x128<MFMA_FMT_E2M1, Q_FMT>(a, ks, q.data[s], q.scale[s], d);
+        }
+        score[i] = d;
+    }
+}
+
+// Tiles n = 2 BYTE, 2 BYTE + 1 of a value group: columns 8 x + n from byte BYTE of each
+// token's dword (`words`, scales `scale`), transposed to k-pairs of tokens.
+template <int BYTE>
+HIPMLA_DEVICE void pv_byte(const unsigned* words, const float* scale, u32x4 pt, f32x4& acc_lo, f32x4& acc_hi) {
+    unsigned x[8];  // bf16 of columns 2 BYTE, 2 BYTE + 1 of token e
+#pragma unroll
+    for (int e = 0; e < 8; ++e) x[e] = cvt_fp4x2_bf16x2<BYTE>(words[e], scale[e]);
+    const u32x4 lo = {pick_halves<true>(x[0], x[1]), pick_halves<true>(x[2], x[3]),
+                      pick_halves<true>(x[4], x[5]), pick_halves<true>(x[6], x[7])};
+    const u32x4 hi = {pick_halves<false>(x[0], x[1]), pick_halves<false>(x[2], x[3]),
+                      pick_halves<false>(x[4], x[5]), pick_halves<false>(x[6], x[7])};
+    acc_lo = mfma_bf16_16x16x32(lo, pt, acc_lo);
+    acc_hi = mfma_bf16_16x16x32(hi, pt, acc_hi);
+}
+
+// acc[vg][n] += V^T P^T for one quarter: D row x of tile (vg, n) is value column
+// 128 vg + 8 x + n, D column the head lane_col. `pt` is P^T as this lane's bf16 pairs
+// (k-slot e = token pv_token(lane_rowgroup, e)).
+HIPMLA_DEVICE void quarter_pv(const Buffer& b, u32x4 pt, f32x4 (*acc)[V_TILES]) {
+    const int r = lane_col(), g = lane_rowgroup();
+#pragma unroll
+    for (int vg = 0; vg < V_GROUPS; ++vg) {
+        // One value group at a time: hoisting the next group's loads and converts would
+        // hold their registers next to the 128 accumulators.
+        __builtin_amdgcn_sched_barrier(0);
+        unsigned words[8];
+        float scale[8];
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+            const int t = pv_token(g, e);
+            words[e] = *reinterpret_cast<const unsigned*>(b.kv + t * ROW_BYTES + vg * 64 + 4 * r);
+            scale[e] = e8m0_to_f32(b.scale[t * SCALE_STRIDE + (vg * 128 + 8 * r) / MX_BLOCK]);
+        }
+        pv_byte<0>(words, scale, pt, acc[vg][0], acc[vg][1]);
+        pv_byte<1>(words, scale, pt, acc[vg][2], acc[vg][3]);
+        pv_byte<2>(words, scale, pt, acc[vg][4], acc[vg][5]);
+        pv_byte<3>(words, scale, pt, acc[vg][6], acc[vg][7]);
+    }
+}
+
+}  // namespace fast950
+}  // namespace hipmla
+
+HIPMLA_KERNEL(hipmla::fast950::THREADS) void HIPMLA_FAST_NAME(const MlaDecodeParams p) {
+    using namespace hipmla;
+    using namespace hipmla::gfx950;
+    using namespace hipmla::fast950;
+    __attribute__((shared)) Smem sm;
+
+    const int* item = p.work + 4 * block_index();
+    const int seq = item[0];
+    const int token_begin = item[1];
+    const int n_tiles = (item[2] - item[1]) / TILE;  // the planner gives whole tiles only
+    const int slot = item[3];
+    const int w = wave_id();
+    const int lane = lane_id();
+    const int h = lane_col();
+    const int g = lane_rowgroup();
+    const long long row_begin = kv_row(p, seq, token_begin) + QUARTER * w;
+
+    unsigned scales[SCALE_BYTES_PER_LANE];
+    fetch_quarter(sm.start.first[w], p, row_begin, scales);
+    stage_q(sm.start.q, p, seq);
+    block_sync();
+    const QOperand q = load_q_operand(sm.start.q);
+    block_sync();  // buf[1] (where Q was) is free for the first prefetch
+
+    const float neg_inf = f32_from_bits(0xff800000u);
+    float m_run = neg_inf;  // head h, log2 units; equal in the 4 lane groups
+    float l_lane = 0.0f;    // head h, this lane's tokens
+    f32x4 acc[V_GROUPS][V_TILES];
+#pragma unroll
+    for (int vg = 0; vg < V_GROUPS; ++vg) {
+#pragma unroll
+        for (int n = 0; n < V_TILES; ++n) acc[vg][n] = f32x4{0.0f, 0.0f, 0.0f, 0.0f};
+    }
+
+    for (int tile = 0; tile < n_tiles; ++tile) {
+        Buffer& cur = sm.buf[tile & 1][w];
+        wait_global_loads();
+        put_scales(cur, scales);
+        if (tile + 1 < n_tiles) fetch_quarter(sm.buf[(tile + 1) & 1][w], p, row_begin + (long long)TILE * (tile + 1), scales);
+
+        f32x4 score[GROUPS];
+        quarter_scores(cur, q, score);
+        float tile_max = neg_inf;
+#pragma unroll
+        for (int i = 0; i < GROUPS; ++i) {
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                score[i][j] *= p.sm_scale_log2;
+                tile_max = __builtin_fmaxf(tile_max, score[i][j]);
+            }
+        }
+        const float m_new = __builtin_fmaxf(m_run, max_over_rowgroups(tile_max));
+        const float alpha = exp2_f32(m_run - m_new);
+        m_run = m_new;
+        unsigned pt_words[4];
+        float psum = 0.0f;
+#pragma unroll
+        for (int d = 0; d < 4; ++d) {  // k-slots 2d, 2d + 1 = group d / 2, registers 2 (d % 2) + 0, 1
+            const unsigned lo = f32_to_bf16_bits(exp2_f32(score[d / 2][2 * (d % 2)] - m_new));
+            const unsigned hi = f32_to_bf16_bits(exp2_f32(score[d / 2][2 * (d % 2) + 1] - m_new));
+            psum += bf16_to_f32(lo) + bf16_to_f32(hi);
+            pt_words[d] = lo | (hi << 16);
+        }
+        l_lane = l_lane * alpha + psum;
+#pragma unroll
+        for (int vg = 0; vg < V_GROUPS; ++vg) {
+#pragma unroll
+            for (int n = 0; n < V_TILES; ++n) acc[vg][n] *= alpha;
+        }
+        quarter_pv(cur, u32x4{pt_words[0], pt_words[1], pt_words[2], pt_words[3]}, acc);
+    }
+
+    // Merge the four waves: M = max m_w, weights exp2(m_w - M), L = sum in wave order,
+    // acc = ((w0 a0 + w1 a1) + w2 a2) + w3 a3, accumulated through one LDS buffer.
+    const float l_wave = sum_over_rowgroups(l_lane);
+    block_sync();  // every wave is done with its buffers
+    if (g == 0) {
+        sm.merge.m[w][h] = m_run;
+        sm.merge.l[w][h] = l_wave;
+    }
+    block_sync();
+    float big_m = sm.merge.m[0][h];
+#pragma unroll
+    for (int k = 1; k < WAVES; ++k) big_m = __builtin_fmaxf(big_m, sm.merge.m[k][h]);
+    float big_l = 0.0f;
+#pragma unroll
+    for (int k = 0; k < WAVES; ++k) big_l += exp2_f32(sm.merge.m[k][h] - big_m) * sm.merge.l[k][h];
+    const float weight = exp2_f32(m_run - big_m);
+    for (int k = 0; k < WAVES; ++k) {
+        if (k == w) {
+#pragma unroll
+            for (int vg = 0; vg < V_GROUPS; ++vg) {
+#pragma unroll
+                for (int n = 0; n < V_TILES; ++n) {
+#pragma unroll
+                    for (int j = 0; j < 4; ++j) {
+                        float* cell = &sm.merge.acc[(vg * V_TILES + n) * 4 + j][lane];
+                        const float mine = acc[vg][n][j] * weight;
+                        *cell = k == 0 ? mine : *cell + mine;
+                    }
+                }
+            }
+        }
+        block_sync();
+    }
+
+    // Wave w writes value group w: lane (h, g) holds columns 128 w + 32 g + 8 j + n.
+    if (slot >= 0 && lane < HEADS) {
+        p.part_ml[(slot * HEADS + h) * 2] = big_m;
+        p.part_ml[(slot * HEADS + h) * 2 + 1] = big_l;
+    } else if (slot < 0 && lane < HEADS && p.lse != nullptr) {
+        p.lse[seq * HEADS + h] = (big_m + log2_f32(big_l)) * 0.6931471805599453f;
+    }
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+        float v[V_TILES];
+#pragma unroll
+        for (int n = 0; n < V_TILES; ++n) v[n] = sm.merge.acc[(w * V_TILES + n) * 4 + j][lane];
+        const int col = 128 * w + 32 * g + 8 * j;
+        if (slot >= 0) {
+            f32x4* dst = reinterpret_cast<f32x4*>(p.part_acc + ((long long)slot * HEADS + h) * D_V + col);
+            dst[0] = f32x4{v[0], v[1], v[2], v[3]};
+            dst[1] = f32x4{v[4], v[5], v[6], v[7]};
+        } else {
+            u32x4* dst = reinterpret_cast<u32x4*>(static_cast<unsigned short*>(p.out) + ((long long)seq * HEADS + h) * D_V + col);
+            *dst = u32x4{pack_bf16x2(v[0] / big_l, v[1] / big_l), pack_bf16x2(v[2] / big_l, v[3] / big_l),
+                         pack_bf16x2(v[4] / big_l, v[5] / big_l), pack_bf16x2(v[6] / big_l, v[7] / big_l)};
+        }
+    }
+}
