@@ -8,6 +8,7 @@ their parameter struct) -> ``decode`` (the decoder API) -> ``cli``.
 Importing hipmla never needs ROCm or a GPU; the runtime loads HIP at first use.
 """
 
+from hipmla.decode import Decoder
 from hipmla.formats import KVCache, mxfp4_dequantize, mxfp4_quantize, quantize_kv
 from hipmla.plan import DecodePlan, make_plan
 from hipmla.reference import merge_states, mla_decode_reference
@@ -16,6 +17,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "DecodePlan",
+    "Decoder",
     "KVCache",
     "make_plan",
     "merge_states",

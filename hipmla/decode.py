@@ -26,7 +26,7 @@ from hipmla import kernels, runtime
 from hipmla.formats import KV_FORMATS, KVCache
 from hipmla.plan import DecodePlan, lengths_from_indptr, make_plan
 from hipmla.reference import check_kv, check_q
-from hipmla.validate import check_choice, check_positive_finite
+from hipmla.validate import check_choice, check_positive_finite, format_shape
 
 LOG2E = 1.4426950408889634
 
@@ -65,8 +65,7 @@ def device_ptr(obj, name: str, *, itemsize: int, shape: tuple | None = None,
         raise TypeError(f"{name}: expected {itemsize}-byte elements, got typestr {typestr!r}")
     if shape is not None:
         if len(got_shape) != len(shape) or any(w is not None and w != g for w, g in zip(shape, got_shape)):
-            want = tuple("*" if s is None else s for s in shape)
-            raise ValueError(f"{name}: expected shape {want}, got {got_shape}")
+            raise ValueError(f"{name}: expected shape {format_shape(shape)}, got {got_shape}")
     strides = cai.get("strides")
     if strides is not None:
         contiguous = tuple(int(np.prod(got_shape[i + 1:], dtype=np.int64)) * itemsize

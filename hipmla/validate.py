@@ -11,6 +11,11 @@ from typing import Sequence
 import numpy as np
 
 
+def format_shape(shape: Sequence[int | None]) -> str:
+    """``(4, *, 576)``: ``None`` extents print as ``*``."""
+    return "(" + ", ".join("*" if s is None else str(s) for s in shape) + ")"
+
+
 def check_array(
     arr,
     name: str,
@@ -35,9 +40,8 @@ def check_array(
     if shape is not None:
         for axis, (want, got) in enumerate(zip(shape, arr.shape)):
             if want is not None and want != got:
-                expect = "(" + ", ".join("*" if s is None else str(s) for s in shape) + ")"
                 raise ValueError(
-                    f"{name}: expected shape {expect}, got {arr.shape} (axis {axis})"
+                    f"{name}: expected shape {format_shape(shape)}, got {arr.shape} (axis {axis})"
                 )
     if contiguous and not arr.flags.c_contiguous:
         raise ValueError(f"{name}: expected a C-contiguous array (strides {arr.strides})")
