@@ -459,6 +459,16 @@ def _stream_handle(stream):
     return stream.handle if isinstance(stream, Stream) else stream
 
 
+def _memcpy(dst: int, src: int, nbytes: int, kind: str, stream) -> None:
+    """hipMemcpy (synchronous) without a stream, hipMemcpyAsync on one."""
+    _ensure_runtime()
+    kind = getattr(hip.hipMemcpyKind, kind)
+    if stream is None:
+        check(hip.hipMemcpy(dst, src, nbytes, kind))
+    else:
+        check(hip.hipMemcpyAsync(dst, src, nbytes, kind, _stream_handle(stream)))
+
+
 def copy_htod(dst_ptr: int, src: np.ndarray, stream=None) -> None:
     """Copy ``src`` to device address ``dst_ptr``.
 
@@ -469,12 +479,7 @@ def copy_htod(dst_ptr: int, src: np.ndarray, stream=None) -> None:
     dst = _check_ptr(dst_ptr, "dst_ptr")
     if src.nbytes == 0:
         return
-    _ensure_runtime()
-    kind = hip.hipMemcpyKind.hipMemcpyHostToDevice
-    if stream is None:
-        check(hip.hipMemcpy(dst, src.ctypes.data, src.nbytes, kind))
-    else:
-        check(hip.hipMemcpyAsync(dst, src.ctypes.data, src.nbytes, kind, _stream_handle(stream)))
+    _memcpy(dst, src.ctypes.data, src.nbytes, "hipMemcpyHostToDevice", stream)
 
 
 def copy_dtoh(dst: np.ndarray, src_ptr: int, stream=None) -> None:
@@ -488,12 +493,7 @@ def copy_dtoh(dst: np.ndarray, src_ptr: int, stream=None) -> None:
     src = _check_ptr(src_ptr, "src_ptr")
     if dst.nbytes == 0:
         return
-    _ensure_runtime()
-    kind = hip.hipMemcpyKind.hipMemcpyDeviceToHost
-    if stream is None:
-        check(hip.hipMemcpy(dst.ctypes.data, src, dst.nbytes, kind))
-    else:
-        check(hip.hipMemcpyAsync(dst.ctypes.data, src, dst.nbytes, kind, _stream_handle(stream)))
+    _memcpy(dst.ctypes.data, src, dst.nbytes, "hipMemcpyDeviceToHost", stream)
 
 
 def copy_dtod(dst_ptr: int, src_ptr: int, nbytes: int, stream=None) -> None:
@@ -504,9 +504,7 @@ def copy_dtod(dst_ptr: int, src_ptr: int, nbytes: int, stream=None) -> None:
         raise ValueError(f"nbytes: expected an int >= 0, got {nbytes!r}")
     if nbytes == 0:
         return
-    _ensure_runtime()
-    kind = hip.hipMemcpyKind.hipMemcpyDeviceToDevice
-    check(hip.hipMemcpyAsync(dst, src, int(nbytes), kind, _stream_handle(stream)))
+    _memcpy(dst, src, int(nbytes), "hipMemcpyDeviceToDevice", 0 if stream is None else stream)
 
 
 def memset(dst_ptr: int, value: int, nbytes: int, stream=None) -> None:
