@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from hipmla.kernels import KernelSpec, kernels_for_arch, translation_unit
+from hipmla.kernels import FORMAT_CODES, KernelSpec, kernels_for_arch, translation_unit
 
 #: Where ``build`` writes and the runtime looks when ``$HIPMLA_AOT_DIR`` has no match.
 DEFAULT_AOT_DIR = Path(__file__).resolve().parent / "_aot"
@@ -500,7 +500,7 @@ def check_budget(rows: Sequence[KernelResources]) -> list[str]:
     return problems
 
 
-# --- instruction counts and the MI355X prediction ---------------------------------------
+# --- instruction counts and the MI355X / MI300X prediction --------------------------------
 #
 # Static counts of a kernel's tile loop (the backward branch whose body holds the most
 # MFMAs), read from ``llvm-objdump -d``. For the fast kernels one trip of that loop is one
@@ -523,7 +523,7 @@ class LoopCounts:
 
     symbol: str
     mfma: int  # v_mfma* (scaled and plain)
-    mfma_cycles: int  # their issue cycles on MI355X (MFMA_CYCLES)
+    mfma_cycles: int  # their issue cycles on the kernel's target (MFMA_CYCLES)
     valu: int  # other v_* (including the converts)
     transcendental: int  # the quarter-rate part of ``valu`` (exp, log, rcp, sqrt)
     lds: int  # ds_* (reads, writes, bpermute)
@@ -578,8 +578,12 @@ def main_loop(instructions: Sequence[Instruction], symbol: str, base: int) -> li
 #: 256 CUs x 4 SIMDs: bf16 2.5 PFLOP/s = 1024 FLOP per SIMD and clock -> 16x16x32 (16,384
 #: FLOP) takes 16; MXFP4 10 PFLOP/s -> 16x16x128 (65,536 FLOP) fp4 x fp4 takes 16, with an
 #: fp8 operand the 5 PFLOP/s fp8 rate -> 32.
+#: On MI300X (gfx942; only the gfx942 kernel uses the k = 16 bf16 MFMA), from AMD's MI300X
+#: datasheet: 1307.4 TFLOP/s dense bf16 at 2.1 GHz over 304 CUs x 4 SIMDs = 512 FLOP per
+#: SIMD and clock -> 16x16x16 (8,192 FLOP) takes 16.
 MFMA_CYCLES = {
     "v_mfma_f32_16x16x32_bf16": 16,
+    "v_mfma_f32_16x16x16_bf16": 16,
     "v_mfma_scale_f32_16x16x128_f8f6f4/fp4": 16,
     "v_mfma_scale_f32_16x16x128_f8f6f4/fp8": 32,
 }
@@ -653,6 +657,12 @@ class Device:
 
 
 MI355X = Device("MI355X", num_cus=256, clock_hz=2.4e9, hbm_bytes_per_s=8.0e12)
+#: AMD Instinct MI300X datasheet: 304 CUs, 2.1 GHz peak engine clock, 5.3 TB/s HBM3.
+MI300X = Device("MI300X", num_cus=304, clock_hz=2.1e9, hbm_bytes_per_s=5.3e12)
+#: The device each arch's fast kernels are predicted on.
+DEVICES = {"gfx950": MI355X, "gfx942": MI300X}
+#: KV bytes per token of each cache format (mxfp4 adds its scale row stride).
+KV_ROW_BYTES = {"bf16": 1152, "fp8": 576, "mxfp4": 288}
 #: DESIGN.md's benchmark: bs x kv_len, q_len 1, 16 heads.
 BENCHMARK_SHAPES = tuple((bs, n) for bs in (4, 32, 64, 256) for n in (1024, 8192))
 
@@ -667,13 +677,15 @@ class Prediction:
 
 
 def predict(counts: LoopCounts, waves_per_simd: int, batch: int, kv_len: int, *,
-            device: Device = MI355X, waves_per_block: int = 4, scale_stride: int = 18) -> Prediction:
+            device: Device = MI355X, waves_per_block: int = 4, kv_format: str = "mxfp4",
+            scale_stride: int = 18) -> Prediction:
     """A roofline prediction for one uniform batch on the fast kernel (all of the
     benchmark's lengths are whole tiles). Per tile, each of the block's waves runs one
     loop trip on its own SIMD: MFMA and VALU cycles overlapped (low) or serial (high), the
     LDS at LDS_BYTES_PER_CLOCK per CU; blocks resident per CU share the SIMDs. Items come
     from the real planner and are dealt longest first to the least loaded CU. Not modelled:
-    launch latency, the per-item prologue / merge, the combine kernel, memory latency."""
+    launch latency, the per-item prologue / merge, the combine kernel, memory latency.
+    ``kv_format`` sets the bytes per token (``scale_stride`` the mxfp4 scale row)."""
     from hipmla.plan import make_plan  # the planner is numpy-only; keep aot import-light
 
     plan = make_plan([kv_len] * batch, device.num_cus, fast_tile_tokens=128)
@@ -689,7 +701,10 @@ def predict(counts: LoopCounts, waves_per_simd: int, batch: int, kv_len: int, *,
     # A CU's resident blocks interleave on its SIMDs: a slot runs at 1 / blocks_per_cu.
     makespan_tiles = max(loads) * blocks_per_cu
     compute = tuple(makespan_tiles * c / device.clock_hz * 1e6 for c in per_tile)
-    bytes_moved = (batch * kv_len * (288 + scale_stride) + batch * 16 * 576 * 2 + batch * 16 * 512 * 2
+    if kv_format not in KV_ROW_BYTES:
+        raise ValueError(f"kv_format: expected one of {', '.join(KV_ROW_BYTES)}, got {kv_format!r}")
+    token_bytes = KV_ROW_BYTES[kv_format] + (scale_stride if kv_format == "mxfp4" else 0)
+    bytes_moved = (batch * kv_len * token_bytes + batch * 16 * 576 * 2 + batch * 16 * 512 * 2
                    + plan.n_slots * 16 * (512 + 2) * 4 * 2)
     hbm = bytes_moved / device.hbm_bytes_per_s * 1e6
     return Prediction(batch, kv_len, hbm, compute, (max(hbm, compute[0]), max(hbm, compute[1])))
@@ -714,8 +729,8 @@ def format_predictions(symbol: str, predictions: Sequence[Prediction], device: D
 
 
 def fast_report(rows: Sequence[KernelResources], out_dir: Path) -> str:
-    """Instruction counts and MI355X predictions for the fast kernels among ``rows``
-    (built into ``out_dir`` by :func:`build_all`)."""
+    """Instruction counts and predictions (MI355X for gfx950, MI300X for gfx942) for the
+    fast kernels among ``rows`` (built into ``out_dir`` by :func:`build_all`)."""
     parts = []
     counted = []
     for r in rows:
@@ -723,14 +738,16 @@ def fast_report(rows: Sequence[KernelResources], out_dir: Path) -> str:
         if spec is None or not spec.tile_tokens:
             continue
         co = compile_offline(spec, r.arch, out_dir)  # already built: returns the object
-        counted.append((r, loop_counts(co, r.symbol)))
+        counted.append((r, spec, loop_counts(co, r.symbol)))
     if not counted:
         return "no fast kernels among the built archs"
-    parts.append(format_counts(counted))
-    for r, c in counted:
-        if r.arch == "gfx950":
-            parts.append(format_predictions(
-                r.symbol, [predict(c, r.waves_per_simd, bs, n) for bs, n in BENCHMARK_SHAPES]))
+    parts.append(format_counts([(r, c) for r, _, c in counted]))
+    for r, spec, c in counted:
+        device = DEVICES[r.arch]
+        kv = next(k for k, code in FORMAT_CODES.items() if ("HIPMLA_KV_FORMAT", str(code)) in spec.defines)
+        parts.append(format_predictions(
+            r.symbol, [predict(c, r.waves_per_simd, bs, n, device=device, kv_format=kv) for bs, n in BENCHMARK_SHAPES],
+            device))
     return "\n\n".join(parts)
 
 
@@ -781,7 +798,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=2, help="compilers run at once (default: 2)")
     parser.add_argument("--report", action="store_true",
                         help="also count the fast kernels' instructions per 128-token tile and print a "
-                             "PREDICTED MI355X time per benchmark shape next to the HBM bound")
+                             "PREDICTED time per benchmark shape (MI355X for gfx950, MI300X for gfx942) "
+                             "next to the HBM bound")
     args = parser.parse_args(argv)
     archs = [a.strip() for a in args.arch.split(",") if a.strip()]
     try:

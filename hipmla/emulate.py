@@ -8,10 +8,11 @@ against it tightly. What it does not model is the order of f32 summation inside 
 product; scores are formed in f64 and rounded once to f32, the closest any order gets.
 
 Work items a plan routes to a fast kernel (``plan.fast_work``) follow that kernel's
-schedule (:class:`FastSchedule`): on gfx950 each 128-token tile is cut in four 32-token
-quarters, quarter w to wave w; every wave keeps its own online softmax over its quarters
-(running max per quarter) and the four states are merged like the combine kernel merges
-partials, before the item writes its output or partial.
+schedule (:class:`FastSchedule`, one per arch in ``FAST_SCHEDULES``): on gfx950 and
+gfx942 alike each 128-token tile is cut in four 32-token quarters, quarter w to wave w;
+every wave keeps its own online softmax over its quarters (running max per quarter) and
+the four states are merged like the combine kernel merges partials, before the item
+writes its output or partial.
 """
 
 from __future__ import annotations
@@ -94,6 +95,12 @@ class FastSchedule:
 
 #: hip_src/decode/split_mfma_gfx950.hip (Q quantized as the portable kernel does it).
 GFX950_SCHEDULE = FastSchedule(tile_tokens=128, waves=4)
+#: hip_src/decode/split_mfma_gfx942.hip walks the same schedule with bf16 Q; every other
+#: rounding point is the portable kernel's (KV dequantized exactly to bf16, P to bf16),
+#: so its numerics are this schedule and nothing more.
+GFX942_SCHEDULE = FastSchedule(tile_tokens=128, waves=4)
+#: The schedule of each arch's fast kernel (hipmla.kernels.FAST_SOURCES).
+FAST_SCHEDULES = {"gfx950": GFX950_SCHEDULE, "gfx942": GFX942_SCHEDULE}
 
 
 def merge(parts: list[Partial]) -> Partial:

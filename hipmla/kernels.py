@@ -8,7 +8,8 @@ them (:mod:`hipmla.runtime`, :mod:`hipmla.aot`) and imports no GPU library:
   one argument every kernel takes by value;
 - :class:`KernelSpec` names a kernel symbol, its source and its ``-D`` specialisation;
 - :func:`fast_split_kernel` picks an arch's fast split kernel for whole tiles (gfx950
-  MXFP4: the scaled MFMA), or None where the portable kernel does everything;
+  MXFP4: the scaled MFMA; gfx942 any cache with bf16 Q: the bf16 MFMA), or None where
+  the portable kernel does everything;
 - :func:`translation_unit` turns a source file into one self-contained string, because
   hiprtc and NVRTC see no include path.
 """
@@ -37,14 +38,20 @@ FNUZ_ARCHS = ("gfx940", "gfx941", "gfx942")
 
 SPLIT_SOURCE = "decode/split.hip"
 COMBINE_SOURCE = "decode/combine.hip"
-FAST_SOURCES = {"gfx950": "decode/split_mfma_gfx950.hip"}
+FAST_SOURCES = {"gfx950": "decode/split_mfma_gfx950.hip", "gfx942": "decode/split_mfma_gfx942.hip"}
 #: Tokens per tile of the fast kernels; every range they get is a whole number of tiles.
 FAST_TILE_TOKENS = 128
 #: (kv_format, q_precision) pairs each arch's fast kernel implements.
-FAST_VARIANTS = {"gfx950": (("mxfp4", "fp8"), ("mxfp4", "mxfp4"))}
+FAST_VARIANTS = {
+    "gfx950": (("mxfp4", "fp8"), ("mxfp4", "mxfp4")),
+    # gfx942 has no scaled MFMA: every cache is dequantized to bf16 for the bf16 MFMA,
+    # which takes Q as it is, so bf16 Q is both the most accurate and the only choice.
+    "gfx942": (("bf16", "bf16"), ("fp8", "bf16"), ("mxfp4", "bf16")),
+}
 #: The fast path's Q precision when the caller does not insist: MXFP8 Q is ~3.5x more
 #: accurate than MXFP4 Q (tests/test_emulate.py) and decode stays memory-bound with it
-#: (``python -m hipmla build --report``).
+#: (``python -m hipmla build --report``). An arch without a fast kernel for it (gfx942
+#: takes bf16 Q only) falls back to bf16 in ``decode.resolve_q_precision``.
 DEFAULT_FAST_Q_PRECISION = "fp8"
 
 _INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"\s*$')

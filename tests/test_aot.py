@@ -658,3 +658,66 @@ def test_report_prints_predictions_for_every_benchmark_shape(gfx950_rows, tmp_pa
     assert "PREDICTED MI355X" in text and "not measured" in text
     for bs, n in aot.BENCHMARK_SHAPES:
         assert f"{bs:>3}x{n:<5}" in text
+
+
+# --- the gfx942 fast kernels and the MI300X prediction ------------------------------------
+
+
+def test_prediction_reads_bytes_per_token_of_the_cache_format():
+    counts = aot.LoopCounts("k", mfma=136, mfma_cycles=2176, valu=400, transcendental=9, lds=2,
+                            lds_bytes=512, global_loads=100, salu=100, total=700)
+    tokens = 256 * 8192
+    for kv, row in (("bf16", 1152), ("fp8", 576), ("mxfp4", 288 + 18)):
+        p = aot.predict(counts, 1, 256, 8192, device=aot.MI300X, kv_format=kv)
+        # plus Q, output and the split partials (written and read back: +10% at most)
+        assert tokens * row / 5.3e12 * 1e6 < p.hbm_us < 1.1 * tokens * row / 5.3e12 * 1e6, kv
+    assert aot.DEVICES == {"gfx950": aot.MI355X, "gfx942": aot.MI300X}
+    assert (aot.MI300X.num_cus, aot.MI300X.clock_hz) == (304, 2.1e9)
+    with pytest.raises(ValueError, match="kv_format: expected one of bf16, fp8, mxfp4, got 'int4'"):
+        aot.predict(counts, 1, 4, 1024, kv_format="int4")
+
+
+@pytest.fixture(scope="module")
+def gfx942_fast(tmp_path_factory):
+    kernels = pytest.importorskip("hipmla.kernels")
+    if not _have_clang():
+        pytest.skip("no clang that targets gfx950")
+    out = tmp_path_factory.mktemp("aot-gfx942")
+    rows, counts = [], {}
+    for spec in kernels.fast_kernels("gfx942"):
+        co = aot.compile_offline(spec, "gfx942", out)
+        rows.append(aot.read_resources(co, symbol=spec.symbol, block_threads=spec.block_threads))
+        counts[spec.symbol] = aot.loop_counts(co, spec.symbol)
+    return out, rows, counts
+
+
+def test_gfx942_fast_kernels_within_budget(gfx942_fast):
+    """No scratch, no spills, LDS far inside 64 KiB; bf16 and fp8 fit two blocks per CU
+    (<= 256 VGPRs), MXFP4 one (its converts need the registers)."""
+    _, rows, _ = gfx942_fast
+    assert len(rows) == 3 and aot.check_budget(rows) == [], aot.format_report(rows)
+    for r in rows:
+        assert r.arch == "gfx942" and r.lds_bytes <= 32 * 1024 and r.waves_per_simd >= 1
+        if "_mxfp4_" not in r.symbol:
+            assert r.waves_per_simd == 2, aot.format_report(rows)
+
+
+def test_gfx942_fast_loop_is_one_tile_of_bf16_mfmas(gfx942_fast):
+    """Per wave and tile: 2 groups x (36 Q.K + 32 P.V) bf16 MFMAs of 16 MI300X cycles, and
+    no KV through LDS (only the softmax max reduction's ds_bpermute)."""
+    _, _, counts = gfx942_fast
+    for symbol, c in counts.items():
+        assert (c.mfma, c.mfma_cycles) == (136, 136 * 16), (symbol, c)
+        assert c.lds_bytes <= 4 * 64 * 4, (symbol, c)
+        assert c.global_loads >= 2 * 9, (symbol, c)  # at least one load per Q.K chunk
+    # converting the cache costs VALU in the order bf16 < fp8 < mxfp4
+    by_kv = {kv: next(c.valu for s, c in counts.items() if f"_{kv}_" in s) for kv in ("bf16", "fp8", "mxfp4")}
+    assert by_kv["bf16"] < by_kv["fp8"] < by_kv["mxfp4"], by_kv
+
+
+def test_report_predicts_mi300x_for_gfx942(gfx942_fast):
+    out, rows, _ = gfx942_fast
+    text = aot.fast_report(rows, out)
+    assert text.count("PREDICTED MI300X") == 3 and "MI355X" not in text
+    for bs, n in aot.BENCHMARK_SHAPES:
+        assert f"{bs:>3}x{n:<5}" in text

@@ -123,7 +123,7 @@ def fake_runtime(monkeypatch, arch: str):
 @pytest.fixture
 def host_decoder(monkeypatch):
     """An mxfp4 Decoder on a faked arch without a fast kernel."""
-    functions = fake_runtime(monkeypatch, "gfx942")
+    functions = fake_runtime(monkeypatch, "sm_90")
     dec = decode.Decoder("mxfp4", 1 / 24)
     dec.functions = functions
     return dec
@@ -519,7 +519,7 @@ def test_device_ptr_checks_alignment():
 def test_auto_q_precision_is_the_fast_kernels_where_there_is_one():
     assert decode.resolve_q_precision("auto", "gfx950", "mxfp4") == "fp8"
     assert decode.resolve_q_precision("auto", "gfx950", "bf16") == "bf16"
-    assert decode.resolve_q_precision("auto", "gfx942", "mxfp4") == "bf16"
+    assert decode.resolve_q_precision("auto", "gfx942", "mxfp4") == "bf16"  # its fast kernel takes bf16 Q
     assert decode.resolve_q_precision("auto", "sm_90", "mxfp4") == "bf16"
     assert decode.resolve_q_precision("mxfp4", "sm_90", "mxfp4") == "mxfp4"
     with pytest.raises(ValueError, match="q_precision"):

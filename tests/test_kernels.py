@@ -160,7 +160,8 @@ def amd_builds(tmp_path_factory):
 
     def build(job):
         spec, arch = job
-        tu = out / f"{spec.symbol}.hip"
+        # One file per (kernel, arch): two jobs rewriting a file clang has mapped crash it.
+        tu = out / f"{spec.symbol}.{arch}.hip"
         tu.write_text(translation_unit(spec.source))
         co = out / f"{spec.symbol}.{arch}.co"
         proc = subprocess.run(
@@ -175,12 +176,14 @@ def amd_builds(tmp_path_factory):
         syms = subprocess.run([READELF, "--symbols", str(co)], capture_output=True, text=True).stdout
         return 0, proc.stderr, notes, syms
 
-    jobs = [(s, a) for s in all_kernels() for a in ARCHS] + [(s, "gfx950") for s in FAST_950]
+    jobs = ([(s, a) for s in all_kernels() for a in ARCHS] + [(s, "gfx950") for s in FAST_950]
+            + [(s, "gfx942") for s in FAST_942])
     with ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
         return dict(zip(jobs, pool.map(build, jobs)))
 
 
 FAST_950 = kernels.fast_kernels("gfx950")
+FAST_942 = kernels.fast_kernels("gfx942")
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -236,6 +239,53 @@ def test_fast_gfx950_code_uses_the_matrix_cores(spec: KernelSpec, tmp_path):
     assert re.search(r"\bds_bpermute_b32\b", text)
 
 
+@pytest.mark.parametrize("spec", FAST_942, ids=lambda s: s.symbol)
+def test_fast_gfx942_build_within_budget(amd_builds, spec: KernelSpec):
+    """The gfx942 fast kernels: no scratch, no spills, LDS within a gfx942 CU (64 KiB) and
+    small enough (the 16 KiB merge buffer) that LDS alone would let three blocks share one."""
+    rc, err, notes, syms = amd_builds[(spec, "gfx942")]
+    assert rc == 0, err
+    assert re.search(rf"^\s*\.name:\s+{spec.symbol}$", notes, re.M)
+    assert _notes_value(notes, "private_segment_fixed_size") == 0
+    assert _notes_value(notes, "vgpr_spill_count") == 0
+    assert _notes_value(notes, "sgpr_spill_count") == 0
+    assert 16 * 1024 <= _notes_value(notes, "group_segment_fixed_size") <= 64 * 1024 // 3
+    assert _notes_value(notes, "max_flat_workgroup_size") == spec.block_threads
+
+
+def _disassemble(spec: KernelSpec, arch: str, tmp_path: Path) -> str:
+    objdump = shutil.which("llvm-objdump-22")
+    if CLANG is None or objdump is None:
+        pytest.skip("clang++-22 / llvm-objdump-22 not installed")
+    tu = tmp_path / "k.hip"
+    tu.write_text(translation_unit(spec.source))
+    co = tmp_path / "k.co"
+    subprocess.run([CLANG, "-x", "hip", f"--offload-arch={arch}", "--cuda-device-only", "-nogpulib",
+                    "-nogpuinc", "--no-gpu-bundle-output", "-O3", "-std=c++17", *spec.options(arch),
+                    str(tu), "-o", str(co)], check=True, capture_output=True)
+    return subprocess.run([objdump, "-d", str(co)], capture_output=True, text=True, check=True).stdout
+
+
+@pytest.mark.parametrize("spec", FAST_942, ids=lambda s: s.symbol)
+def test_fast_gfx942_code_uses_the_matrix_cores(spec: KernelSpec, tmp_path):
+    """llvm-objdump of the build: per 128-token tile a wave runs 2 groups x (36 Q.K + 32
+    P.V) bf16 MFMAs, unrolled; fp8 and MXFP4 KV go through the fnuz fp8 -> f32 converts
+    (MXFP4 after the v_perm table), bf16 KV needs neither."""
+    text = _disassemble(spec, "gfx942", tmp_path)
+    assert len(re.findall(r"\bv_mfma_f32_16x16x16_bf16\b", text)) == 2 * (36 + 32)
+    assert not re.search(r"v_mfma_scale|v_mfma_f32_16x16x32", text)  # gfx950-only instructions
+    converts = len(re.findall(r"\bv_cvt_pk_f32_fp8", text))
+    if spec.symbol.endswith("_bf16_qbf16"):
+        assert converts == 0
+    else:
+        # per tile and lane: fp8 2 x (9 chunks x 4 dwords + 8 value groups x 4 tokens) x 2;
+        # mxfp4 2 x (9 x 2 + 4 x 4) dwords x 4 (8 elements each)
+        assert converts == (2 * (36 + 32) * 2 if "_fp8_" in spec.symbol else 2 * (18 + 16) * 4)
+    assert re.search(r"\bv_perm_b32\b", text)
+    assert re.search(r"\bds_bpermute_b32\b", text)
+    assert not re.search(r"\bscratch_", text)
+
+
 def test_fast_split_kernel_choice():
     spec = kernels.fast_split_kernel("gfx950", "mxfp4", "fp8")
     assert spec.symbol == "hipmla_decode_split_gfx950_mxfp4_qfp8" and spec.tile_tokens == 128
@@ -249,6 +299,7 @@ def test_fast_split_kernel_choice():
     assert kernels.fast_kernels("sm_90") == [] and kernels.kernels_for_arch("sm_90") == all_kernels()
     assert [s.symbol for s in kernels.kernels_for_arch("gfx950")][-2:] == [s.symbol for s in FAST_950]
     assert all(s.builds_for("sm_90") for s in all_kernels())
+    assert [s.symbol for s in kernels.kernels_for_arch("gfx942")][-3:] == [s.symbol for s in FAST_942]
     with pytest.raises(ValueError, match="arch: expected an offload arch"):
         kernels.fast_split_kernel("", "mxfp4", "fp8")
     with pytest.raises(ValueError, match="q_precision: expected one of"):
@@ -464,3 +515,35 @@ def test_kernels_on_cpu_match_emulator(host_kernels, kv_format, q_precision, arc
     # a bf16 rounding boundary may round the other way: rare one-ulp differences.
     np.testing.assert_allclose(out, ref_out, rtol=1e-2, atol=1e-3)
     assert np.mean(out != ref_out) < 2e-3
+
+
+def test_gfx942_fast_kernels_take_bf16_q_for_every_cache():
+    """gfx942 routes whole tiles of bf16, fp8 and MXFP4 caches to its bf16-MFMA kernel,
+    with bf16 Q only. The decoder's "auto" Q asks for DEFAULT_FAST_Q_PRECISION first and
+    falls back to bf16 where that has no fast kernel: on gfx942 that fallback must land
+    on the fast kernel, not on the portable one."""
+    assert kernels.DEFAULT_FAST_Q_PRECISION != "bf16"
+    for kv in kernels.KV_FORMATS:
+        spec = kernels.fast_split_kernel("gfx942:sramecc+:xnack-", kv, "bf16")
+        assert spec.symbol == f"hipmla_decode_split_gfx942_{kv}_qbf16"
+        assert spec.source == "decode/split_mfma_gfx942.hip" and spec.tile_tokens == 128
+        assert spec.options("gfx942") == [f"-DHIPMLA_KV_FORMAT={kernels.FORMAT_CODES[kv]}",
+                                          "-DHIPMLA_Q_PRECISION=0", "-DHIPMLA_FP8_FNUZ=1"]
+        assert spec.builds_for("gfx942") and not spec.builds_for("gfx950")
+        assert kernels.fast_split_kernel("gfx942", kv, kernels.DEFAULT_FAST_Q_PRECISION) is None
+        assert kernels.fast_split_kernel("gfx942", kv, "mxfp4") is None
+        assert kernels.fast_split_kernel("sm_90", kv, "bf16") is None  # nothing changes elsewhere
+
+
+def test_gfx942_kernel_rejects_other_specialisations(tmp_path):
+    if CLANG is None:
+        pytest.skip("clang++-22 not installed")
+    tu = tmp_path / "k.hip"
+    tu.write_text(translation_unit("decode/split_mfma_gfx942.hip"))
+    base = [CLANG, "-x", "hip", "--cuda-device-only", "-nogpulib", "-nogpuinc", "-fsyntax-only", str(tu)]
+    fp8_q = subprocess.run(base + ["--offload-arch=gfx942", "-DHIPMLA_KV_FORMAT=2", "-DHIPMLA_Q_PRECISION=1",
+                                   "-DHIPMLA_FP8_FNUZ=1"], capture_output=True, text=True)
+    assert fp8_q.returncode != 0 and "bf16 Q" in fp8_q.stderr
+    wrong_arch = subprocess.run(base + ["--offload-arch=gfx950", "-DHIPMLA_KV_FORMAT=2", "-DHIPMLA_Q_PRECISION=0",
+                                        "-DHIPMLA_FP8_FNUZ=1"], capture_output=True, text=True)
+    assert wrong_arch.returncode != 0 and "gfx942 only" in wrong_arch.stderr

@@ -1,0 +1,115 @@
+// gfx942 (MI300X / MI325X, CDNA3) building blocks of the fast split kernel: wave64 lane
+// roles, the bf16 MFMA, fp8 (e4m3fnuz) and E2M1 -> f32 conversions, bf16 packing and
+// cross-lane reductions. Raw instructions live here and nowhere else.
+//
+// gfx942 has no scaled MFMA and no fp4 converts (both are gfx950 additions), so every KV
+// format is turned into bf16 in registers and multiplied on v_mfma_f32_16x16x16_bf16.
+//
+// Where the layout facts come from (no gfx942 exists on the project's machines):
+// - Builtin: clang's BuiltinsAMDGPU (__builtin_amdgcn_mfma_f32_16x16x16bf16_1k: a, b as
+//   4 x i16, c as 4 x f32, then cbsz, abid, blgp), emitted as v_mfma_f32_16x16x16_bf16
+//   (checked with llvm-objdump-22 on a clang-22 build).
+// - Operand layout of the 16x16x16 MFMAs (f16 and bf16 alike): AMD's matrix instruction
+//   calculator tables for v_mfma_f32_16x16x16f16 (A[i][k]: lane i + 16 * (k / 4),
+//   element k % 4, i.e. row = lane % 16, k = 4 * (lane / 16) + 0..3; B is the transpose),
+//   and AMD's "Matrix Core Programming on CDNA3 and CDNA4" (ROCm blog, 2025). The D
+//   layout of every 16x16 f32 accumulator is the one arch/gfx950.h uses: column =
+//   lane % 16, rows 4 * (lane / 16) + 0..3.
+// - v_cvt_pk_f32_fp8 converts two e4m3fnuz bytes (word 0 or word 1 of the source) to two
+//   f32 on gfx940+ (CDNA3 ISA guide, "fp8 conversions"); 0x80 gives NaN.
+// - v_perm_b32 (GCN3+ ISA guides): selector bytes 0..3 pick bytes of the second source,
+//   4..7 of the first; that makes it an 8-entry byte table.
+#pragma once
+
+#include "common/platform.h"
+
+#if !defined(__gfx942__)
+#error "arch/gfx942.h: gfx942 instructions; build this kernel for --offload-arch=gfx942 only"
+#endif
+
+namespace hipmla {
+namespace gfx942 {
+
+constexpr int WAVE = 64;
+constexpr int MFMA_N = 16;                 // rows and columns of every MFMA tile used here
+constexpr int LANE_GROUPS = WAVE / MFMA_N; // lane / 16: the k-group of A/B, the row group of D
+constexpr int BF16_K = 16;                 // k of one bf16 MFMA
+constexpr int K_PER_LANE = BF16_K / LANE_GROUPS;  // 4 consecutive k per lane and MFMA
+
+typedef short i16x4 __attribute__((ext_vector_type(4)));
+
+HIPMLA_DEVICE int lane_id() { return int(thread_index()) % WAVE; }
+HIPMLA_DEVICE int wave_id() { return __builtin_amdgcn_readfirstlane(int(thread_index()) / WAVE); }
+// lane_col: A row, B column, D column. lane_rowgroup: k-group of A/B, D rows 4g..4g+3.
+HIPMLA_DEVICE int lane_col() { return lane_id() % MFMA_N; }
+HIPMLA_DEVICE int lane_rowgroup() { return lane_id() / MFMA_N; }
+
+// D += A * B over k = 16; each operand is this lane's 4 bf16 as 2 dwords (low half =
+// lower k).
+HIPMLA_DEVICE f32x4 mfma_bf16_16x16x16(u32x2 a, u32x2 b, f32x4 d) {
+    return __builtin_amdgcn_mfma_f32_16x16x16bf16_1k(__builtin_bit_cast(i16x4, a), __builtin_bit_cast(i16x4, b), d,
+                                                     0, 0, 0);
+}
+
+// Two e4m3fnuz bytes of `word` (bytes 0, 1, or 2, 3 with HIGH) as f32, lower byte first.
+template <bool HIGH>
+HIPMLA_DEVICE f32x2 fp8x2_to_f32(unsigned word) {
+    return __builtin_amdgcn_cvt_pk_f32_fp8(int(word), HIGH);
+}
+
+// bf16 pair of two f32 that are already bf16 values (`lo` in the low half): their high
+// halves, one v_perm, no rounding needed.
+HIPMLA_DEVICE unsigned bf16_pair_exact(float lo, float hi) {
+    return __builtin_amdgcn_perm(bits_from_f32(hi), bits_from_f32(lo), 0x07060302u);
+}
+
+// Low (LOW = true) or high bf16 halves of two words, `first` in the low result half.
+template <bool LOW>
+HIPMLA_DEVICE unsigned pick_halves(unsigned first, unsigned second) {
+    return __builtin_amdgcn_perm(second, first, LOW ? 0x05040100u : 0x07060302u);
+}
+
+// The eight E2M1 nibbles of `x` (element 2j in the low nibble of byte j) as f32,
+// element order. E2M1 values are exact in e4m3fnuz, so a v_perm table maps magnitudes
+// to fp8 codes four at a time and v_cvt_pk_f32_fp8 does the rest. -0 must become code
+// 0x00, not 0x80 (NaN in fnuz): a nibble keeps its sign only when its magnitude is
+// nonzero ((m + 7) has bit 3 set exactly then; no carry leaves a nibble).
+HIPMLA_DEVICE void e2m1x8_to_f32(unsigned x, float* out) {
+    constexpr unsigned TABLE_LO = 0x44403800u;  // 0, 0.5, 1, 1.5 as e4m3fnuz (bias 8)
+    constexpr unsigned TABLE_HI = 0x54504c48u;  // 2, 3, 4, 6
+    const unsigned mag = x & 0x77777777u;
+    const unsigned sign = x & (mag + 0x77777777u) & 0x88888888u;
+    const unsigned even = __builtin_amdgcn_perm(TABLE_HI, TABLE_LO, mag & 0x07070707u) | ((sign << 4) & 0x80808080u);
+    const unsigned odd = __builtin_amdgcn_perm(TABLE_HI, TABLE_LO, (mag >> 4) & 0x07070707u) | (sign & 0x80808080u);
+    const f32x2 e02 = fp8x2_to_f32<false>(even), e46 = fp8x2_to_f32<true>(even);
+    const f32x2 e13 = fp8x2_to_f32<false>(odd), e57 = fp8x2_to_f32<true>(odd);
+    out[0] = e02.x; out[1] = e13.x; out[2] = e02.y; out[3] = e13.y;
+    out[4] = e46.x; out[5] = e57.x; out[6] = e46.y; out[7] = e57.y;
+}
+
+// An E8M0 code as its f32 scale 2^(code - 127): code 0 gives 2^-127 exactly (ldexp
+// makes the subnormal), 255 gives NaN as hip_src/KERNELS.md says. (gfx950's kernel lets
+// 255 become +inf; here the select costs two VALU per scale, not per element.)
+HIPMLA_DEVICE float e8m0_to_f32(unsigned code) {
+    return code == 255u ? f32_from_bits(0x7fc00000u) : __builtin_ldexpf(1.0f, int(code) - 127);
+}
+
+// x from the lane `lane_id() ^ MASK` (ds_bpermute: no LDS storage, any lane pattern).
+template <int MASK>
+HIPMLA_DEVICE float lane_xor(float x) {
+    const int src = (lane_id() ^ MASK) * 4;
+    return __builtin_bit_cast(float, __builtin_amdgcn_ds_bpermute(src, __builtin_bit_cast(int, x)));
+}
+
+// Max / sum over the four lane groups (lanes l, l ^ 16, l ^ 32, l ^ 48).
+HIPMLA_DEVICE float max_over_rowgroups(float x) {
+    x = __builtin_fmaxf(x, lane_xor<16>(x));
+    return __builtin_fmaxf(x, lane_xor<32>(x));
+}
+HIPMLA_DEVICE float sum_over_rowgroups(float x) {
+    x += lane_xor<16>(x);
+    return x + lane_xor<32>(x);
+}
+
+}  // namespace gfx942
+}  // namespace hipmla
