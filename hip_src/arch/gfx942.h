@@ -21,6 +21,7 @@
 //   4..7 of the first; that makes it an 8-entry byte table.
 #pragma once
 
+#include "arch/cdna.h"
 #include "common/platform.h"
 
 #if !defined(__gfx942__)
@@ -30,19 +31,22 @@
 namespace hipmla {
 namespace gfx942 {
 
-constexpr int WAVE = 64;
-constexpr int MFMA_N = 16;                 // rows and columns of every MFMA tile used here
-constexpr int LANE_GROUPS = WAVE / MFMA_N; // lane / 16: the k-group of A/B, the row group of D
+// Lane roles and reductions common to CDNA (arch/cdna.h).
+using cdna::LANE_GROUPS;
+using cdna::MFMA_N;
+using cdna::WAVE;
+using cdna::lane_col;
+using cdna::lane_id;
+using cdna::lane_rowgroup;
+using cdna::lane_xor;
+using cdna::max_over_rowgroups;
+using cdna::sum_over_rowgroups;
+using cdna::wave_id;
 constexpr int BF16_K = 16;                 // k of one bf16 MFMA
 constexpr int K_PER_LANE = BF16_K / LANE_GROUPS;  // 4 consecutive k per lane and MFMA
 
 typedef short i16x4 __attribute__((ext_vector_type(4)));
 
-HIPMLA_DEVICE int lane_id() { return int(thread_index()) % WAVE; }
-HIPMLA_DEVICE int wave_id() { return __builtin_amdgcn_readfirstlane(int(thread_index()) / WAVE); }
-// lane_col: A row, B column, D column. lane_rowgroup: k-group of A/B, D rows 4g..4g+3.
-HIPMLA_DEVICE int lane_col() { return lane_id() % MFMA_N; }
-HIPMLA_DEVICE int lane_rowgroup() { return lane_id() / MFMA_N; }
 
 // D += A * B over k = 16; each operand is this lane's 4 bf16 as 2 dwords (low half =
 // lower k).
@@ -94,22 +98,6 @@ HIPMLA_DEVICE float e8m0_to_f32(unsigned code) {
     return code == 255u ? f32_from_bits(0x7fc00000u) : __builtin_ldexpf(1.0f, int(code) - 127);
 }
 
-// x from the lane `lane_id() ^ MASK` (ds_bpermute: no LDS storage, any lane pattern).
-template <int MASK>
-HIPMLA_DEVICE float lane_xor(float x) {
-    const int src = (lane_id() ^ MASK) * 4;
-    return __builtin_bit_cast(float, __builtin_amdgcn_ds_bpermute(src, __builtin_bit_cast(int, x)));
-}
-
-// Max / sum over the four lane groups (lanes l, l ^ 16, l ^ 32, l ^ 48).
-HIPMLA_DEVICE float max_over_rowgroups(float x) {
-    x = __builtin_fmaxf(x, lane_xor<16>(x));
-    return __builtin_fmaxf(x, lane_xor<32>(x));
-}
-HIPMLA_DEVICE float sum_over_rowgroups(float x) {
-    x += lane_xor<16>(x);
-    return x + lane_xor<32>(x);
-}
 
 }  // namespace gfx942
 }  // namespace hipmla

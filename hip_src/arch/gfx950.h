@@ -20,6 +20,7 @@
 //   operand layout is the one fact here that no hardware run has confirmed yet.
 #pragma once
 
+#include "arch/cdna.h"
 #include "common/platform.h"
 
 #if !defined(__gfx950__)
@@ -29,9 +30,17 @@
 namespace hipmla {
 namespace gfx950 {
 
-constexpr int WAVE = 64;
-constexpr int MFMA_N = 16;                 // rows and columns of every MFMA tile used here
-constexpr int LANE_GROUPS = WAVE / MFMA_N; // lane / 16: the k-group of A/B, the row group of D
+// Lane roles and reductions common to CDNA (arch/cdna.h).
+using cdna::LANE_GROUPS;
+using cdna::MFMA_N;
+using cdna::WAVE;
+using cdna::lane_col;
+using cdna::lane_id;
+using cdna::lane_rowgroup;
+using cdna::lane_xor;
+using cdna::max_over_rowgroups;
+using cdna::sum_over_rowgroups;
+using cdna::wave_id;
 constexpr int SCALED_K = 128;              // k of one scaled MFMA
 constexpr int BF16_K = 32;                 // k of one bf16 MFMA
 
@@ -42,11 +51,6 @@ constexpr int MFMA_FMT_E2M1 = 4;
 typedef int i32x8 __attribute__((ext_vector_type(8)));
 typedef __bf16 bf16x8 __attribute__((ext_vector_type(8)));
 
-HIPMLA_DEVICE int lane_id() { return int(thread_index()) % WAVE; }
-HIPMLA_DEVICE int wave_id() { return __builtin_amdgcn_readfirstlane(int(thread_index()) / WAVE); }
-// lane_col: A row, B column, D column. lane_rowgroup: k-group of A/B, D rows 4g..4g+3.
-HIPMLA_DEVICE int lane_col() { return lane_id() % MFMA_N; }
-HIPMLA_DEVICE int lane_rowgroup() { return lane_id() / MFMA_N; }
 
 // D += A * B over k = 128 with E8M0 block scales (opsel 0: the scale's low byte).
 template <int A_FMT, int B_FMT>
@@ -75,22 +79,6 @@ HIPMLA_DEVICE unsigned pick_halves(unsigned first, unsigned second) {
     return __builtin_amdgcn_perm(second, first, LOW ? 0x05040100u : 0x07060302u);
 }
 
-// x from the lane `lane_id() ^ MASK` (ds_bpermute: no LDS storage, any lane pattern).
-template <int MASK>
-HIPMLA_DEVICE float lane_xor(float x) {
-    const int src = (lane_id() ^ MASK) * 4;
-    return __builtin_bit_cast(float, __builtin_amdgcn_ds_bpermute(src, __builtin_bit_cast(int, x)));
-}
-
-// Max / sum over the four lane groups (lanes l, l ^ 16, l ^ 32, l ^ 48).
-HIPMLA_DEVICE float max_over_rowgroups(float x) {
-    x = __builtin_fmaxf(x, lane_xor<16>(x));
-    return __builtin_fmaxf(x, lane_xor<32>(x));
-}
-HIPMLA_DEVICE float sum_over_rowgroups(float x) {
-    x += lane_xor<16>(x);
-    return x + lane_xor<32>(x);
-}
 
 // Asynchronous copy of 1024 contiguous global bytes to 1024 contiguous LDS bytes: lane l
 // moves bytes 16l..16l+15 (global_load_lds_dwordx4; the LDS base is wave-uniform, the
