@@ -40,7 +40,7 @@ def fp8_variant_for(arch: str) -> str:
 
 
 def device_ptr(obj, name: str, *, itemsize: int, shape: tuple | None = None,
-               kinds: str = "uifV", align: int = 4) -> int:
+               kinds: str = "uiV", align: int = 4) -> int:
     """Address of a device buffer given as an int or a ``__cuda_array_interface__``.
 
     The address must be ``align``-byte aligned (the kernels load Q and KV rows 16 bytes
@@ -62,7 +62,8 @@ def device_ptr(obj, name: str, *, itemsize: int, shape: tuple | None = None,
     got_shape = tuple(int(s) for s in cai["shape"])
     typestr = cai["typestr"]
     if int(typestr[2:]) != itemsize or typestr[1] not in kinds:
-        raise TypeError(f"{name}: expected {itemsize}-byte elements, got typestr {typestr!r}")
+        want = "float" if kinds == "f" else "raw (bf16/fp8/byte) or integer"
+        raise TypeError(f"{name}: expected {itemsize}-byte {want} elements, got typestr {typestr!r}")
     if shape is not None:
         if len(got_shape) != len(shape) or any(w is not None and w != g for w, g in zip(shape, got_shape)):
             raise ValueError(f"{name}: expected shape {format_shape(shape)}, got {got_shape}")
@@ -162,6 +163,7 @@ class Decoder:
         """Plan from host-side lengths (or a host ``kv_indptr``) and upload the work list."""
         if (seq_lens is None) == (kv_indptr is None):
             raise ValueError("plan: pass exactly one of seq_lens and kv_indptr (host arrays)")
+        runtime.use_device(self.device.index)
         lens = lengths_from_indptr(kv_indptr) if kv_indptr is not None else seq_lens
         fast_tile = self._fast.tile_tokens if self._fast is not None else 0
         host = make_plan(lens, self.device.num_cus, fast_tile_tokens=fast_tile)
@@ -176,13 +178,17 @@ class Decoder:
         return 0 if self._scratch is None else self._scratch.nbytes
 
     def _ensure_scratch(self, n_slots: int) -> None:
+        """Grow the scratch to ``n_slots``. The new buffer is allocated before the old
+        one is freed, so a failed allocation leaves the decoder as it was. Growing
+        frees memory that an already captured graph may still use: capture after the
+        largest plan."""
         if n_slots <= self._scratch_slots:
             return
+        per_slot = self.config.heads * (kernels.D_V + 2) * 4
+        grown = runtime.alloc(n_slots * per_slot)
         if self._scratch is not None:
             self._scratch.free()
-        per_slot = self.config.heads * (kernels.D_V + 2) * 4
-        self._scratch = runtime.alloc(n_slots * per_slot)
-        self._scratch_slots = n_slots
+        self._scratch, self._scratch_slots = grown, n_slots
 
     # -- launching ----------------------------------------------------------------
 
@@ -193,19 +199,19 @@ class Decoder:
         Arguments are checked and resolved once per distinct set of argument objects: a
         decode loop that passes the same objects again (raw addresses compare by value)
         goes straight to the launches. So an interface object must keep its address
-        while it is being passed here, as device arrays do.
+        (and stay allocated) while it is being passed here, as device arrays do.
+        The decoder keeps the last arguments referenced until the next ``run`` with
+        others, ``release`` or ``close``.
         """
-        key = (plan, q, kv, kv_indptr, out, kv_scale, lse, fp8_scale, kv_scale_stride, stream)
-        try:
-            same = key == self._last_key
-        except (TypeError, ValueError):  # objects such as numpy arrays compare elementwise
-            same = False
-        if not same:
+        runtime.use_device(self.device.index)
+        key = (plan, q, kv, kv_indptr, out, kv_scale, lse, fp8_scale, kv_scale_stride,
+               self.stream if stream is None else stream)
+        if not _same_arguments(key, self._last_key):
             self._last_key = None
             self._prepare(*key)
             self._last_key = key
-        for fn, grid, params, spec, s in self._launches:
-            fn.launch(grid, (spec.block_threads, 1, 1), params, spec.dynamic_shared_bytes, s)
+        for launch, grid, block, shared, s in self._launches:
+            launch(grid, block, shared, s)
 
     def _prepare(self, plan, q, kv, kv_indptr, out, kv_scale, lse, fp8_scale, kv_scale_stride,
                  stream) -> None:
@@ -221,7 +227,8 @@ class Decoder:
         p.kv = device_ptr(kv, "kv", itemsize=2 if fmt == "bf16" else 1, shape=(None, kv_cols), align=16)
         _check_rows(kv, "kv", plan.plan.total_tokens)
         p.kv_indptr = device_ptr(kv_indptr, "kv_indptr", itemsize=4, shape=(b + 1,), kinds="i")
-        p.out = device_ptr(out, "out", itemsize=2, shape=(b, h, kernels.D_V))
+        # The kernels store up to 16 bytes of output at a time.
+        p.out = device_ptr(out, "out", itemsize=2, shape=(b, h, kernels.D_V), align=16)
         p.lse = 0 if lse is None else device_ptr(lse, "lse", itemsize=4, shape=(b, h), kinds="f")
         if fmt == "mxfp4":
             stride = _scale_stride(kv_scale, kv_scale_stride)
@@ -247,23 +254,29 @@ class Decoder:
         p.part_ml = scratch + self._scratch_slots * h * kernels.D_V * 4 if scratch else 0
         p.batch = b
         p.n_work = plan.plan.n_work
-        s = self.stream if stream is None else stream
+        s = stream
+        if plan.plan.n_slots > self._scratch_slots or (plan.plan.n_slots and self._scratch is None):
+            raise ValueError("plan: its split partials do not fit this decoder's scratch "
+                             "(a plan() that grew it failed?); plan again")
         # Fast items (whole tiles) first, then the portable ones, then the combine; each
         # split launch reads its own slice of the work list, so each gets its own copy
         # of the parameters (launches copy them when they are enqueued).
         n_fast = plan.plan.n_fast
-        self._launches = []
+        launches = []
         if n_fast:
             pf = type(p).from_buffer_copy(p)
             pf.n_work = n_fast
-            self._launches.append((self._fast_fn, kernels.grid_split(n_fast), pf, self._fast, s))
+            launches.append((self._fast_fn, self._fast, kernels.grid_split(n_fast), pf))
         if plan.plan.n_portable:
             pp = type(p).from_buffer_copy(p)
             pp.work = plan.work.ptr + 16 * n_fast
             pp.n_work = plan.plan.n_portable
-            self._launches.append((self._split_fn, kernels.grid_split(pp.n_work), pp, self._split, s))
+            launches.append((self._split_fn, self._split, kernels.grid_split(pp.n_work), pp))
         if plan.plan.needs_combine:
-            self._launches.append((self._combine_fn, kernels.grid_combine(b), p, self._combine, s))
+            pc = type(p).from_buffer_copy(p)
+            launches.append((self._combine_fn, self._combine, kernels.grid_combine(b), pc))
+        self._launches = [(fn.bind(params), grid, (spec.block_threads, 1, 1), spec.dynamic_shared_bytes, s)
+                          for fn, spec, grid, params in launches]
 
     # -- numpy convenience ----------------------------------------------------------
 
@@ -306,12 +319,16 @@ class Decoder:
     def release(self, plan: DevicePlan) -> None:
         """Free a plan's device work list (after the runs that use it have finished)."""
         if plan in self._plans:
+            runtime.use_device(self.device.index)
             self._plans.remove(plan)
             plan.close()
             self._last_key = None
 
     def close(self) -> None:
         self._last_key = None
+        self._launches = []
+        if self._plans or self._scratch is not None:
+            runtime.use_device(self.device.index)
         for plan in self._plans:
             plan.close()
         self._plans.clear()
@@ -325,6 +342,17 @@ class Decoder:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _same_arguments(a: tuple, b: tuple | None) -> bool:
+    """The same argument objects as last time: identity, except numbers by value. Never
+    ``==`` on buffers: a tensor's ``==`` may raise or even launch device work."""
+    if b is None:
+        return False
+    for x, y in zip(a, b):
+        if x is not y and not (type(x) in (int, float) and type(x) is type(y) and x == y):
+            return False
+    return True
 
 
 def _check_rows(buf, name: str, needed: int) -> None:

@@ -135,7 +135,11 @@ def e2m1_encode(y: np.ndarray, rounding: str = "rne") -> np.ndarray:
     a = np.abs(np.asarray(y, dtype=np.float32))
     quantum = np.where(a < 2, np.float32(0.5), np.where(a < 4, np.float32(1), np.float32(2)))
     steps = a / quantum
-    steps = np.rint(steps) if rounding == "rne" else np.floor(steps + np.float32(0.5))
+    if rounding == "rne":
+        steps = np.rint(steps)
+    else:  # ties away; compare the fraction, since steps + 0.5 can round up in f32
+        whole = np.floor(steps)
+        steps = whole + (steps - whole >= np.float32(0.5))
     twice = np.minimum(steps * quantum, np.float32(E2M1_MAX)) * 2  # in {0,1,2,3,4,6,8,12}
     code = _E2M1_CODE_OF_TWICE[twice.astype(np.uint8)]
     return code | (np.signbit(y).astype(np.uint8) << 3)

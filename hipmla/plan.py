@@ -207,13 +207,16 @@ def make_plan(
     # Fast items first, each kind longest first.
     order = np.lexsort((-(end - begin), ~fast))
     work = np.ascontiguousarray(work[order], dtype=np.int32)
+    arrays = dict(seq_lens=lens.astype(np.int32), work=work, seq_slots=seq_slots.astype(np.int32),
+                  kv_indptr=indptr)
+    for a in arrays.values():
+        # A plan is a checked contract with the kernels (the fast kernel takes whole
+        # tiles only): frozen, so no one edits it into an out-of-bounds work list.
+        a.setflags(write=False)
     return DecodePlan(
-        seq_lens=lens.astype(np.int32),
-        work=work,
-        seq_slots=seq_slots.astype(np.int32),
+        **arrays,
         num_cus=int(num_cus),
         align_tokens=int(align_tokens),
-        kv_indptr=indptr,
         n_fast=int(fast.sum()),
         fast_tile_tokens=int(fast_tile_tokens),
     )

@@ -62,6 +62,7 @@ hip: Any = None
 hiprtc: Any = None
 
 _lock = threading.Lock()
+_thread = threading.local()  # the device hipmla last made current on each thread
 _platform: str | None = None
 _init_error: RuntimeUnavailable | None = None
 _compiler_version: str | None = None
@@ -274,6 +275,14 @@ def set_device(index: int) -> None:
     """Make device ``index`` current for this host thread."""
     index = _check_device_index(index)  # initialises the runtime: binds ``hip``
     check(hip.hipSetDevice(index))
+    _thread.device = index
+
+
+def use_device(index: int) -> None:
+    """Make ``index`` current for this thread unless hipmla already did: one attribute
+    read on the hot path instead of a HIP call."""
+    if getattr(_thread, "device", None) != index:
+        set_device(index)
 
 
 def synchronize() -> None:
@@ -743,17 +752,14 @@ class Module(_Owned):
         return getattr(self, "handle", None) is not None
 
 
-def _loaded_library(name: str) -> str | None:
-    """Path of an already loaded shared library whose file name starts with ``name``."""
+def _hip_library_path() -> str | None:
+    """The HIP runtime library exactly as hip-python resolves it (its own lookup)."""
     try:
-        with open("/proc/self/maps") as maps:
-            for line in maps:
-                path = line.rstrip("\n").split(" ", 5)[-1].strip()
-                if os.path.basename(path).startswith(name):
-                    return path
-    except OSError:
-        pass
-    return None
+        from rocm.bindings.util.paths import get_library_path
+    except ImportError:
+        return None
+    path = get_library_path("amdhip64")
+    return path.decode() if isinstance(path, bytes) else path
 
 
 def _c_launcher():
@@ -766,11 +772,15 @@ def _c_launcher():
     """
     global _c_launch
     if _c_launch is None:
-        path = _loaded_library("libamdhip64.so")
-        if path is None:
+        path = _hip_library_path()
+        try:
+            lib = ctypes.CDLL(path) if path else None
+        except OSError:
+            lib = None
+        if lib is None or not hasattr(lib, "hipModuleLaunchKernel"):
             _c_launch = False
         else:
-            fn = ctypes.CDLL(path).hipModuleLaunchKernel
+            fn = lib.hipModuleLaunchKernel
             fn.argtypes = [ctypes.c_void_p] + [ctypes.c_uint] * 7 + [ctypes.c_void_p] * 3
             fn.restype = ctypes.c_int
             _c_launch = fn
@@ -782,48 +792,26 @@ def _stream_address(stream) -> int:
     return 0 if handle is None or handle == 0 else int(handle)
 
 
-class Function:
-    """A kernel symbol of a :class:`Module` (which it keeps alive)."""
+class BoundLaunch:
+    """One kernel with one argument struct: the ``extra`` array is built once here, so a
+    launch is a single HIP call. Each caller owns its bindings, so two threads launching
+    the same kernel with different arguments never share an ``extra`` array."""
 
-    def __init__(self, handle, module: Module, symbol: str):
-        self.handle = handle
-        self._address: int | None = None  # int(handle), for the ctypes launch
-        self.module = module
-        self.symbol = symbol
-        self._args: ctypes.Structure | None = None
-        self._args_size = ctypes.c_size_t(0)
-        self._extra = (ctypes.c_void_p * 5)()
-        self._extra_addr = ctypes.addressof(self._extra)
-
-    def _bind(self, args: ctypes.Structure) -> None:
+    def __init__(self, function: "Function", args: ctypes.Structure):
         if not isinstance(args, ctypes.Structure):
             raise TypeError(f"args: expected a ctypes.Structure, got {type(args).__name__}")
-        self._args = args
-        self._args_size.value = ctypes.sizeof(args)
-        self._extra[:] = [
-            _LAUNCH_PARAM_BUFFER_POINTER,
-            ctypes.addressof(args),
-            _LAUNCH_PARAM_BUFFER_SIZE,
-            ctypes.addressof(self._args_size),
-            _LAUNCH_PARAM_END,
-        ]
+        self.function = function
+        self.args = args  # kept alive: the extra array points into it
+        self._size = ctypes.c_size_t(ctypes.sizeof(args))
+        self._extra = (ctypes.c_void_p * 5)(
+            _LAUNCH_PARAM_BUFFER_POINTER, ctypes.addressof(args),
+            _LAUNCH_PARAM_BUFFER_SIZE, ctypes.addressof(self._size), _LAUNCH_PARAM_END)
+        self.extra_address = ctypes.addressof(self._extra)
 
-    def launch(
-        self,
-        grid: tuple[int, int, int],
-        block: tuple[int, int, int],
-        args: ctypes.Structure,
-        shared_bytes: int = 0,
-        stream=None,
-    ) -> None:
-        """Launch with ``args`` as the kernel's one by-value parameter.
-
-        The ``extra`` array handed to hipModuleLaunchKernel points at ``args`` itself
-        and is built once per struct object, so launching the same struct again costs
-        one hip call. The runtime copies the argument bytes when the launch is
-        enqueued: fields may be changed as soon as this returns. This Function keeps a
-        reference to the last struct it launched, so the caller need not.
-        """
+    def __call__(self, grid: tuple[int, int, int], block: tuple[int, int, int],
+                 shared_bytes: int = 0, stream=None) -> None:
+        """Launch. The runtime copies the argument bytes when the launch is enqueued, so
+        the struct's fields may change as soon as this returns."""
         gx, gy, gz = grid
         bx, by, bz = block
         if gx < 1 or gy < 1 or gz < 1:
@@ -835,19 +823,54 @@ class Function:
             )
         if shared_bytes < 0:
             raise ValueError(f"shared_bytes: expected >= 0, got {shared_bytes}")
-        if args is not self._args:
-            self._bind(args)
+        fn = self.function
         launch = _c_launcher()
         if launch is None:
-            check(hip.hipModuleLaunchKernel(self.handle, gx, gy, gz, bx, by, bz, shared_bytes,
-                                            _stream_handle(stream), None, self._extra_addr))
+            check(hip.hipModuleLaunchKernel(fn.handle, gx, gy, gz, bx, by, bz, shared_bytes,
+                                            _stream_handle(stream), None, self.extra_address))
             return
-        if self._address is None:
-            self._address = int(self.handle)
-        status = launch(self._address, gx, gy, gz, bx, by, bz, shared_bytes,
-                        _stream_address(stream), None, self._extra_addr)
+        status = launch(fn.address, gx, gy, gz, bx, by, bz, shared_bytes,
+                        _stream_address(stream), None, self.extra_address)
         if status:
             raise _error_for(hip.hipError_t(status))
+
+
+class Function:
+    """A kernel symbol of a :class:`Module` (which it keeps alive)."""
+
+    def __init__(self, handle, module: Module, symbol: str):
+        self.handle = handle
+        self.module = module
+        self.symbol = symbol
+        self._address: int | None = None
+        self._last: BoundLaunch | None = None
+
+    @property
+    def address(self) -> int:
+        """The handle as an integer, for the ctypes launch."""
+        if self._address is None:
+            self._address = int(self.handle)
+        return self._address
+
+    def bind(self, args: ctypes.Structure) -> BoundLaunch:
+        """A reusable launch of this kernel with ``args`` as its one by-value parameter."""
+        return BoundLaunch(self, args)
+
+    def launch(
+        self,
+        grid: tuple[int, int, int],
+        block: tuple[int, int, int],
+        args: ctypes.Structure,
+        shared_bytes: int = 0,
+        stream=None,
+    ) -> None:
+        """Launch with ``args`` as the kernel's one by-value parameter (a convenience
+        over :meth:`bind` that rebinds when ``args`` is another struct; not for
+        concurrent use from several threads — bind per thread instead)."""
+        bound = self._last
+        if bound is None or bound.args is not args:
+            bound = self._last = BoundLaunch(self, args)
+        bound(grid, block, shared_bytes, stream)
 
 
 def _find_prebuilt(spec, arch: str, source: str, options: list[str]) -> bytes | None:
@@ -922,6 +945,8 @@ class DeviceArray:
 
     @property
     def __cuda_array_interface__(self) -> dict:
+        if not self.ptr:
+            raise ValueError("DeviceArray: the memory was freed")
         # ml_dtypes types report a void typestr ("|V2"); name bf16 as the 2-byte
         # unsigned pattern it is stored as, which is what other libraries exchange.
         typestr = self.dtype.str if self.dtype.kind != "V" else f"<u{self.dtype.itemsize}"
@@ -931,6 +956,7 @@ class DeviceArray:
     def free(self) -> None:
         if self.buffer is not None:
             self.buffer.free()
+        self.ptr = 0
 
     def __repr__(self) -> str:
         return f"DeviceArray(shape={self.shape}, dtype={self.dtype}, ptr={self.ptr:#x})"

@@ -43,7 +43,7 @@ def test_device_ptr_accepts_raw_addresses_and_interfaces():
                              shape=(4, 16, 576)) == 0x2000
     # explicit C-contiguous strides are fine too
     assert decode.device_ptr(FakeCAI((3, 4), "<f4", 0x10, strides=(16, 4)), "lse", itemsize=4,
-                             shape=(3, 4)) == 0x10
+                             shape=(3, 4), kinds="f") == 0x10
 
 
 @pytest.mark.parametrize(
@@ -54,6 +54,7 @@ def test_device_ptr_accepts_raw_addresses_and_interfaces():
         (np.zeros((4, 16, 576), np.uint16), {}, TypeError, "host numpy array"),
         ("0x10", {}, TypeError, "device address"),
         (FakeCAI((4, 16, 576), "<f4"), {}, TypeError, "2-byte"),
+        (FakeCAI((4, 16, 576), "<f2"), {}, TypeError, "2-byte raw"),  # IEEE half is not bf16
         (FakeCAI((4, 16, 512), "<u2"), {"shape": (4, 16, 576)}, ValueError, "expected shape"),
         (FakeCAI((4, 16, 576), "<u2", strides=(2, 8, 128)), {"shape": (4, 16, 576)}, ValueError,
          "C-contiguous"),
@@ -87,8 +88,11 @@ class FakeFunction:
         self.symbol = symbol
         self.launches = []
 
-    def launch(self, grid, block, args, shared_bytes=0, stream=None):
-        self.launches.append((grid, block, args.n_work, args.batch, args.q, args.work))
+    def bind(self, args):
+        def launch(grid, block, shared_bytes=0, stream=None):
+            self.launches.append((grid, block, args.n_work, args.batch, args.q, args.work, stream))
+
+        return launch
 
 
 def fake_runtime(monkeypatch, arch: str):
@@ -113,6 +117,7 @@ def fake_runtime(monkeypatch, arch: str):
 
     functions = {}
     monkeypatch.setattr(runtime, "device_info", lambda index=0: info)
+    monkeypatch.setattr(runtime, "use_device", lambda index: None)
     monkeypatch.setattr(runtime, "load_kernel",
                         lambda spec, arch: functions.setdefault(spec.symbol, FakeFunction(spec.symbol)))
     monkeypatch.setattr(runtime, "alloc", FakeBuffer)
@@ -524,3 +529,56 @@ def test_auto_q_precision_is_the_fast_kernels_where_there_is_one():
     assert decode.resolve_q_precision("mxfp4", "sm_90", "mxfp4") == "mxfp4"
     with pytest.raises(ValueError, match="q_precision"):
         decode.resolve_q_precision("fp16", "gfx950", "mxfp4")
+
+
+def test_failed_scratch_growth_keeps_the_old_scratch(host_decoder, monkeypatch):
+    from hipmla import runtime
+
+    dec = host_decoder
+    small = dec.plan(np.array([600, 5]))  # 3 partial slots
+    before = dec._scratch.ptr
+    assert before and small.plan.n_slots > 0
+
+    def out_of_memory(nbytes):
+        raise runtime.HipError(2, "hipErrorOutOfMemory", "out of memory")
+
+    monkeypatch.setattr(runtime, "alloc", out_of_memory)
+    with pytest.raises(runtime.HipError):
+        dec.plan(np.array([20000, 5]))  # 16 slots: the scratch must grow
+    assert dec._scratch.ptr == before  # still allocated, still big enough for `small`
+    dec.run(small, **host_buffers(2, 605))
+    assert dec.functions[dec._combine.symbol].launches
+
+
+def test_changing_the_decoders_stream_takes_effect(host_decoder):
+    dec = host_decoder
+    plan = dec.plan(np.array([100, 300]))
+    bufs = host_buffers(2, 400)
+    dec.stream = 111
+    dec.run(plan, **bufs)
+    dec.stream = 222
+    dec.run(plan, **bufs)
+    dec.run(plan, **bufs, stream=333)
+    assert [l[6] for l in dec.functions[dec._split.symbol].launches] == [111, 222, 333]
+
+
+def test_argument_cache_never_compares_buffers_with_eq(host_decoder):
+    class Tensor(FakeCAI):
+        def __eq__(self, other):  # like a tensor: elementwise, may raise or launch work
+            raise RuntimeError("elementwise == called")
+
+        __hash__ = object.__hash__
+
+    dec = host_decoder
+    plan = dec.plan(np.array([100, 300]))
+    bufs = host_buffers(2, 400)
+    dec.run(plan, **dict(bufs, q=Tensor((2, 16, 576), "<u2", 0x100000)))
+    dec.run(plan, **dict(bufs, q=Tensor((2, 16, 576), "<u2", 0x100000)))  # a new object
+    assert len(dec.functions[dec._split.symbol].launches) == 2
+
+
+def test_out_must_be_16_byte_aligned(host_decoder):
+    dec = host_decoder
+    plan = dec.plan(np.array([100, 300]))
+    with pytest.raises(ValueError, match="out: device address .* 16-byte"):
+        dec.run(plan, **dict(host_buffers(2, 400), out=FakeCAI((2, 16, 512), "<u2", 0x400008)))

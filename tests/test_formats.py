@@ -442,3 +442,10 @@ def test_wrong_dtypes():
         F.mxfp4_dequantize(np.zeros((1, 16), np.uint8), np.zeros((1, 1), np.int64))
     with pytest.raises(TypeError, match=r"data: .*uint8"):
         F.fp8_dequantize(np.zeros(4, np.int8), 1.0)
+
+
+def test_legacy_rounding_just_below_a_tie_rounds_down():
+    # steps + 0.5 rounds up in f32 for steps = 0.5 - 2^-25; the encoder must not.
+    below = np.nextafter(np.float32([0.25, 1.25, 2.5, 5.0]), np.float32(0))
+    got = F.e2m1_decode(F.e2m1_encode(below, "legacy_ties_away"))
+    assert got.tolist() == [0.0, 1.0, 2.0, 4.0]

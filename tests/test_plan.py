@@ -217,3 +217,10 @@ def test_without_a_fast_kernel_nothing_changes():
 def test_fast_tile_tokens_is_checked(bad):
     with pytest.raises(ValueError, match="fast_tile_tokens: expected an integer >= 0"):
         make_plan([10], 4, fast_tile_tokens=bad)
+
+
+def test_plan_arrays_are_read_only():
+    plan = make_plan(np.array([5000, 0, 77]), 8, fast_tile_tokens=128)
+    for name in ("work", "seq_slots", "seq_lens", "kv_indptr"):
+        with pytest.raises(ValueError, match="read-only"):
+            getattr(plan, name)[0] = 1

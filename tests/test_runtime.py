@@ -661,9 +661,22 @@ def test_launch_passes_struct_through_extra(fake):
     assert fake.hip.calls[-1][-1] == extra
     assert Args.from_address(_extra_entries(extra)[1]).n == 9
 
-    other = Args(n=11)
+    other = Args(n=11)  # another struct gets its own extra array; the first is untouched
     fn.launch((1, 1, 1), (64, 1, 1), other)
-    assert Args.from_address(_extra_entries(extra)[1]).n == 11
+    other_extra = fake.hip.calls[-1][-1]
+    assert other_extra != extra
+    assert Args.from_address(_extra_entries(other_extra)[1]).n == 11
+
+
+def test_bound_launches_do_not_share_arguments(fake):
+    # Two decoders on two threads bind the same kernel to their own structs.
+    fn = _function(fake)
+    a, b = Args(n=1), Args(n=2)
+    launch_a, launch_b = fn.bind(a), fn.bind(b)
+    launch_b((1, 1, 1), (64, 1, 1))
+    launch_a((1, 1, 1), (64, 1, 1))
+    extras = [call[-1] for call in fake.hip.calls[-2:]]
+    assert [Args.from_address(_extra_entries(e)[1]).n for e in extras] == [2, 1]
 
 
 def test_module_functions_are_cached_and_closed(fake):
@@ -852,10 +865,10 @@ def test_launch_goes_through_the_loaded_library(fake, monkeypatch, tmp_path):
     src.write_text(FAKE_LAUNCH_LIB)
     lib_path = tmp_path / "libamdhip64.so"
     subprocess.run([cc, "-shared", "-fPIC", "-O1", str(src), "-o", str(lib_path)], check=True)
-    lib = ctypes.CDLL(str(lib_path))  # now mapped into this process, as hip-python's would be
+    lib = ctypes.CDLL(str(lib_path))  # the library hip-python would have loaded
     lib.fake_last.restype = ctypes.c_size_t
     monkeypatch.setattr(runtime, "_c_launch", None)
-    assert runtime._loaded_library("libamdhip64.so") == str(lib_path)
+    monkeypatch.setattr(runtime, "_hip_library_path", lambda: str(lib_path))
 
     class Args(ctypes.Structure):
         _fields_ = [("x", ctypes.c_int)]
@@ -865,7 +878,7 @@ def test_launch_goes_through_the_loaded_library(fake, monkeypatch, tmp_path):
     fn.launch((3, 2, 1), (256, 1, 1), args, shared_bytes=64, stream=0x5000)
     got = [lib.fake_last(i) for i in range(11)]
     assert got[:9] == [0xF00D, 3, 2, 1, 256, 1, 1, 64, 0x5000]
-    assert got[9] == 0 and got[10] == fn._extra_addr
+    assert got[9] == 0 and got[10] == fn._last.extra_address
     assert fake.hip.calls == [], "the hot path must not go through hip-python"
     # the extra array points at the struct and its size, with HIP's end marker
     extra = (ctypes.c_void_p * 5).from_address(got[10])
