@@ -20,7 +20,6 @@ import ctypes
 import importlib.util
 import re
 from dataclasses import dataclass
-from importlib import resources
 from pathlib import Path
 
 HEADS = 16
@@ -203,8 +202,12 @@ def grid_combine(batch: int) -> tuple[int, int, int]:
 def hip_src_dir() -> Path:
     """The kernel sources: the package data ``hipmla._hip_src`` when installed that way,
     else the ``hip_src/`` folder of the repository this module lives in."""
-    if importlib.util.find_spec("hipmla._hip_src") is not None:
-        return Path(str(resources.files("hipmla._hip_src")))
+    # hip_src/ has no __init__.py: installed, it is a namespace package, whose
+    # search locations (not importlib.resources' multiplexed view) are real folders.
+    spec = importlib.util.find_spec("hipmla._hip_src")
+    for location in (spec.submodule_search_locations or []) if spec is not None else []:
+        if (Path(location) / "params.h").is_file():
+            return Path(location)
     return Path(__file__).resolve().parent.parent / "hip_src"
 
 

@@ -547,3 +547,20 @@ def test_gfx942_kernel_rejects_other_specialisations(tmp_path):
     wrong_arch = subprocess.run(base + ["--offload-arch=gfx950", "-DHIPMLA_KV_FORMAT=2", "-DHIPMLA_Q_PRECISION=0",
                                         "-DHIPMLA_FP8_FNUZ=1"], capture_output=True, text=True)
     assert wrong_arch.returncode != 0 and "gfx942 only" in wrong_arch.stderr
+
+
+def test_hip_src_dir_of_an_installed_wheel(tmp_path, monkeypatch):
+    # Installed, hip_src/ is the namespace package hipmla._hip_src: its search location
+    # is the folder, whatever importlib.resources would call it.
+    import importlib.machinery
+    import importlib.util
+
+    import hipmla.kernels as kernels_module
+
+    (tmp_path / "params.h").write_text("// installed copy\n")
+    spec = importlib.machinery.ModuleSpec("hipmla._hip_src", None, is_package=True)
+    spec.submodule_search_locations = [str(tmp_path)]
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: spec if name == "hipmla._hip_src" else real(name, *a))
+    assert kernels_module.hip_src_dir() == tmp_path
