@@ -187,6 +187,7 @@ class Decoder:
         per_slot = self.config.heads * (kernels.D_V + 2) * 4
         grown = runtime.alloc(n_slots * per_slot)
         if self._scratch is not None:
+            runtime.synchronize()  # runs already enqueued may still write the old one
             self._scratch.free()
         self._scratch, self._scratch_slots = grown, n_slots
 

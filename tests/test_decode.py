@@ -118,6 +118,7 @@ def fake_runtime(monkeypatch, arch: str):
     functions = {}
     monkeypatch.setattr(runtime, "device_info", lambda index=0: info)
     monkeypatch.setattr(runtime, "use_device", lambda index: None)
+    monkeypatch.setattr(runtime, "synchronize", lambda: None)
     monkeypatch.setattr(runtime, "load_kernel",
                         lambda spec, arch: functions.setdefault(spec.symbol, FakeFunction(spec.symbol)))
     monkeypatch.setattr(runtime, "alloc", FakeBuffer)
