@@ -31,17 +31,7 @@
 namespace hipmla {
 namespace gfx942 {
 
-// Lane roles and reductions common to CDNA (arch/cdna.h).
-using cdna::LANE_GROUPS;
-using cdna::MFMA_N;
-using cdna::WAVE;
-using cdna::lane_col;
-using cdna::lane_id;
-using cdna::lane_rowgroup;
-using cdna::lane_xor;
-using cdna::max_over_rowgroups;
-using cdna::sum_over_rowgroups;
-using cdna::wave_id;
+using namespace cdna;  // lane roles and reductions common to CDNA (arch/cdna.h)
 constexpr int BF16_K = 16;                 // k of one bf16 MFMA
 constexpr int K_PER_LANE = BF16_K / LANE_GROUPS;  // 4 consecutive k per lane and MFMA
 

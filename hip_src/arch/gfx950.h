@@ -30,17 +30,7 @@
 namespace hipmla {
 namespace gfx950 {
 
-// Lane roles and reductions common to CDNA (arch/cdna.h).
-using cdna::LANE_GROUPS;
-using cdna::MFMA_N;
-using cdna::WAVE;
-using cdna::lane_col;
-using cdna::lane_id;
-using cdna::lane_rowgroup;
-using cdna::lane_xor;
-using cdna::max_over_rowgroups;
-using cdna::sum_over_rowgroups;
-using cdna::wave_id;
+using namespace cdna;  // lane roles and reductions common to CDNA (arch/cdna.h)
 constexpr int SCALED_K = 128;              // k of one scaled MFMA
 constexpr int BF16_K = 32;                 // k of one bf16 MFMA
 
