@@ -26,9 +26,8 @@ from hipmla import kernels, runtime
 from hipmla.formats import KV_FORMATS, KVCache
 from hipmla.plan import DecodePlan, lengths_from_indptr, make_plan
 from hipmla.reference import check_kv, check_q
+from hipmla.emulate import LOG2E
 from hipmla.validate import check_choice, check_positive_finite, format_shape
-
-LOG2E = 1.4426950408889634
 
 
 def fp8_variant_for(arch: str) -> str:
@@ -155,7 +154,8 @@ class Decoder:
         self._params = kernels.DecodeParams()
         self._last_key: tuple | None = None  # arguments of the last run, already resolved
         self._launches: list[tuple] = []
-        self._params.sm_scale_log2 = self.config.sm_scale * LOG2E
+        # f32 exactly as the emulator forms it: the scale rounded to f32, times log2(e).
+        self._params.sm_scale_log2 = float(np.float32(self.config.sm_scale) * LOG2E)
 
     # -- planning ---------------------------------------------------------------
 

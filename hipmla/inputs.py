@@ -12,10 +12,9 @@ import numpy as np
 
 from hipmla.formats import KV_FORMATS, KVCache, default_scale_stride, quantize_kv
 from hipmla.plan import indptr_from_lengths
+from hipmla.reference import D_QK, HEADS
 from hipmla.validate import check_choice
 
-HEADS = 16
-D_QK = 576
 BENCH_BATCH_SIZES = (4, 32, 64, 256)
 BENCH_KV_LENS = (1024, 8192)
 #: The benchmark's softmax scale. Models use their own (DeepSeek: 1/sqrt(192) * yarn).

@@ -22,14 +22,12 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-HEADS = 16
-D_QK = 576
-D_V = 512
-TILE_TOKENS = 64
-BLOCK_THREADS = 256
+# Shapes, formats and the tile are the numerics' (mirrored in hip_src/common/config.h).
+from hipmla.emulate import Q_PRECISIONS, TILE_TOKENS
+from hipmla.formats import KV_FORMATS
+from hipmla.reference import D_QK, D_V, HEADS
 
-KV_FORMATS = ("bf16", "fp8", "mxfp4")
-Q_PRECISIONS = ("bf16", "fp8", "mxfp4")
+BLOCK_THREADS = 256
 #: Integer codes of HIPMLA_KV_FORMAT / HIPMLA_Q_PRECISION (hip_src/common/config.h).
 FORMAT_CODES = {"bf16": 0, "fp8": 1, "mxfp4": 2}
 #: Architectures whose fp8 is e4m3fnuz (MI300 family); everything else is OCP e4m3fn.

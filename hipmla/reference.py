@@ -18,6 +18,9 @@ import numpy as np
 from hipmla.formats import KVCache
 from hipmla.validate import check_array, check_indptr, check_positive_finite
 
+#: The model's shape, defined here once: query heads (DeepSeek-V3/R1 at TP8), Q/K width
+#: (512 latent + 64 rope) and V width (the first 512 columns of a KV row).
+HEADS = 16
 D_QK = 576
 D_V = 512
 
