@@ -2,12 +2,12 @@
 
 It follows the kernels' rounding points — Q quantized as the kernel does, scores in
 f32, the running max per tile of ``TILE_TOKENS``, P rounded to bf16, f32 accumulation,
-one partial per work item of the same ``DecodePlan`` the device runs, the LSE merge of
-the combine kernel, bf16 output rounded nearest-even — so device output can be compared
+one partial per work item of the same device schedule (:mod:`hipmla.schedule`), the
+LSE merge the last item of a split sequence does, bf16 output rounded nearest-even — so device output can be compared
 against it tightly. What it does not model is the order of f32 summation inside a dot
 product; scores are formed in f64 and rounded once to f32, the closest any order gets.
 
-Work items a plan routes to a fast kernel (``plan.fast_work``) follow that kernel's
+Work items of whole fast tiles (a policy with ``fast_tile``) follow the fast kernel's
 schedule (:class:`FastSchedule`, one per arch in ``FAST_SCHEDULES``): on gfx950 and
 gfx942 alike each 128-token tile is cut in four 32-token quarters, quarter w to wave w;
 every wave keeps its own online softmax over its quarters (running max per quarter) and
@@ -22,8 +22,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from hipmla.formats import FP8_VARIANTS, KVCache, mx_fake_quantize, to_bf16
-from hipmla.plan import DecodePlan
-from hipmla.reference import D_V, check_kv, check_q
+from hipmla.paging import KvLayout, as_layout
+from hipmla.reference import D_V, check_q
+from hipmla.schedule import SplitPolicy, schedule
 from hipmla.validate import check_choice, check_positive_finite
 
 TILE_TOKENS = 64
@@ -143,7 +144,8 @@ def finalize(acc: np.ndarray, m: np.ndarray, l: np.ndarray) -> tuple[np.ndarray,
 
 
 def combine(parts: list[Partial]) -> tuple[np.ndarray, np.ndarray]:
-    """The combine kernel: merge partials by their running max, then finalize."""
+    """The in-kernel merge of a split sequence: partials by their running max, in slot
+    order, then finalize."""
     m = np.stack([p.m for p in parts])
     big_m = m.max(axis=0)
     safe = np.where(np.isneginf(big_m), np.float32(0), big_m)
@@ -156,8 +158,9 @@ def combine(parts: list[Partial]) -> tuple[np.ndarray, np.ndarray]:
 def emulate_decode(
     q,
     kv: KVCache,
-    plan: DecodePlan,
+    layout: KvLayout | np.ndarray,
     sm_scale: float,
+    policy: SplitPolicy,
     *,
     q_precision: str = "bf16",
     q_fp8_variant: str | None = None,
@@ -166,39 +169,38 @@ def emulate_decode(
     fast_schedule: FastSchedule = GFX950_SCHEDULE,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Predicted device output ``(n, h, 512)`` bf16 and LSE ``(n, h)`` f32 for the
-    sequences ``seqs`` (default all) under ``plan``. ``q_fp8_variant`` is the e4m3
-    flavour the target quantizes fp8 Q to (default: the cache's). Items in
-    ``plan.fast_work`` follow ``fast_schedule``; the rest the portable kernel's tiles."""
-    if plan.n_fast and plan.fast_tile_tokens != fast_schedule.tile_tokens:
+    sequences ``seqs`` (default all), the batch cut into items by ``policy`` as the device
+    cuts it. ``layout`` is a :class:`~hipmla.paging.KvLayout` (or a host ``kv_indptr`` for
+    contiguous rows). ``q_fp8_variant`` is the e4m3 flavour the target quantizes fp8 Q to
+    (default: the cache's). Items of whole ``policy.fast_tile`` tiles follow
+    ``fast_schedule``; the rest the portable kernel's tiles."""
+    if policy.fast_tile and policy.fast_tile != fast_schedule.tile_tokens:
         raise ValueError(
-            f"fast_schedule: the plan's fast items are {plan.fast_tile_tokens}-token tiles, "
+            f"fast_schedule: the policy's fast items are {policy.fast_tile}-token tiles, "
             f"the schedule walks {fast_schedule.tile_tokens}-token tiles"
         )
-    indptr = plan.kv_indptr
-    qf = check_q(q, batch=plan.batch)
-    check_kv(kv, indptr)
+    layout = as_layout(layout)
+    qf = check_q(q, batch=layout.batch)
+    if not isinstance(kv, KVCache):
+        raise TypeError(f"kv: expected a hipmla.formats.KVCache, got {type(kv).__name__}")
+    layout.check_cache(kv.rows)
     scale_log2 = np.float32(np.float32(check_positive_finite(sm_scale, "sm_scale")) * LOG2E)
     qq = quantize_q(qf, q_precision, q_fp8_variant or kv.fp8_variant)
-    sel = np.arange(plan.batch) if seqs is None else np.asarray(seqs, dtype=np.int64)
-    wanted = np.zeros(plan.batch, dtype=bool)
-    wanted[sel] = True
-    parts: dict[int, list[tuple[int, Partial]]] = {int(b): [] for b in sel}
-    for i, (seq, t0, t1, _slot) in enumerate(plan.work):
-        if not wanted[seq]:
-            continue
-        r0 = int(indptr[seq])
-        k = kv.dequantize(slice(r0 + int(t0), r0 + int(t1)))
-        if i < plan.n_fast:
-            part = emulate_fast_item(qq[seq], k, scale_log2, fast_schedule)
-        else:
-            part = emulate_work_item(qq[seq], k, scale_log2, tile_tokens)
-        parts[int(seq)].append((int(t0), part))
+    sel = np.arange(layout.batch) if seqs is None else np.asarray(seqs, dtype=np.int64)
+    items = schedule(layout.seq_lens(), policy)
     out = np.empty((sel.size, qf.shape[1], D_V), dtype=to_bf16(0).dtype)
     lse = np.empty((sel.size, qf.shape[1]), dtype=np.float32)
     for i, b in enumerate(sel):
-        items = [p for _, p in sorted(parts[int(b)], key=lambda t: t[0])]
-        if len(items) == 1:
-            out[i], lse[i] = finalize(items[0].acc, items[0].m, items[0].l)
+        parts = []
+        for j in items.items_of(int(b)):
+            t0, t1 = int(items.begin[j]), int(items.end[j])
+            k = kv.dequantize(layout.rows(int(b), t0, t1))
+            if policy.fast_tile and t1 > t0 and (t1 - t0) % policy.fast_tile == 0:
+                parts.append(emulate_fast_item(qq[b], k, scale_log2, fast_schedule))
+            else:
+                parts.append(emulate_work_item(qq[b], k, scale_log2, tile_tokens))
+        if len(parts) == 1:
+            out[i], lse[i] = finalize(parts[0].acc, parts[0].m, parts[0].l)
         else:
-            out[i], lse[i] = combine(items)
+            out[i], lse[i] = combine(parts)
     return out, lse

@@ -34,7 +34,6 @@ FORMAT_CODES = {"bf16": 0, "fp8": 1, "mxfp4": 2}
 FNUZ_ARCHS = ("gfx940", "gfx941", "gfx942")
 
 SPLIT_SOURCE = "decode/split.hip"
-COMBINE_SOURCE = "decode/combine.hip"
 FAST_SOURCES = {"gfx950": "decode/split_mfma_gfx950.hip", "gfx942": "decode/split_mfma_gfx942.hip"}
 #: Tokens per tile of the fast kernels; every range they get is a whole number of tiles.
 FAST_TILE_TOKENS = 128
@@ -60,11 +59,12 @@ class DecodeParams(ctypes.Structure):
 
     _fields_ = [
         ("q", ctypes.c_void_p),  # [b, h_q, d_qk] bf16
-        ("kv", ctypes.c_void_p),  # bf16 / fp8 [total_kv, d_qk] | mxfp4 [total_kv, d_qk/2] u8
-        ("kv_scale", ctypes.c_void_p),  # mxfp4: [total_kv, stride_kv_scale] E8M0
-        ("kv_indptr", ctypes.c_void_p),  # [b + 1] int32
-        ("work", ctypes.c_void_p),  # [n_work, 4] int32 (seq, token_begin, token_end, slot)
-        ("seq_slots", ctypes.c_void_p),  # [b + 1] int32
+        ("kv", ctypes.c_void_p),  # bf16 / fp8 [rows, d_qk] | mxfp4 [rows, d_qk/2] u8
+        ("kv_scale", ctypes.c_void_p),  # mxfp4: [rows, stride_kv_scale] E8M0
+        ("kv_indptr", ctypes.c_void_p),  # [b + 1] int32: row (contiguous) or page (paged) offsets
+        ("kv_indices", ctypes.c_void_p),  # paged: int32 page ids; null: contiguous
+        ("kv_last_page_len", ctypes.c_void_p),  # paged: [b] int32
+        ("counters", ctypes.c_void_p),  # [b] int32, zero between launches
         ("part_acc", ctypes.c_void_p),  # [n_slots, h_q, d_v] f32
         ("part_ml", ctypes.c_void_p),  # [n_slots, h_q, 2] f32
         ("out", ctypes.c_void_p),  # [b, h_q, d_v] bf16
@@ -73,7 +73,11 @@ class DecodeParams(ctypes.Structure):
         ("kv_fp8_scale", ctypes.c_float),
         ("stride_kv_scale", ctypes.c_int32),
         ("batch", ctypes.c_int32),
-        ("n_work", ctypes.c_int32),
+        ("page_shift", ctypes.c_int32),
+        ("split_target", ctypes.c_int32),
+        ("split_min_tokens", ctypes.c_int32),
+        ("split_align", ctypes.c_int32),
+        ("fast_tile", ctypes.c_int32),
         ("pad_", ctypes.c_int32),
     ]
 
@@ -127,21 +131,9 @@ def split_kernel(kv_format: str, q_precision: str) -> KernelSpec:
     )
 
 
-def combine_kernel() -> KernelSpec:
-    """The kernel that merges split partials into the output (any cache format)."""
-    return KernelSpec(
-        symbol="hipmla_decode_combine",
-        source=COMBINE_SOURCE,
-        defines=(),
-        block_threads=BLOCK_THREADS,
-        dynamic_shared_bytes=0,
-    )
-
-
 def all_kernels() -> list[KernelSpec]:
-    """Every portable specialisation (any target): 3 cache formats x 3 Q precisions, then
-    the combine kernel."""
-    return [split_kernel(kv, qp) for kv in KV_FORMATS for qp in Q_PRECISIONS] + [combine_kernel()]
+    """Every portable specialisation (any target): 3 cache formats x 3 Q precisions."""
+    return [split_kernel(kv, qp) for kv in KV_FORMATS for qp in Q_PRECISIONS]
 
 
 def fast_split_kernel(arch: str, kv_format: str, q_precision: str) -> KernelSpec | None:
@@ -187,14 +179,10 @@ def _check_count(value: int, name: str) -> int:
     return value
 
 
-def grid_split(n_work: int) -> tuple[int, int, int]:
-    """One block per work item."""
-    return (_check_count(n_work, "n_work"), 1, 1)
-
-
-def grid_combine(batch: int) -> tuple[int, int, int]:
-    """One block per sequence; sequences without partial slots return at once."""
-    return (_check_count(batch, "batch"), 1, 1)
+def grid_decode(max_items: int) -> tuple[int, int, int]:
+    """One block per possible work item of the device schedule (blocks past the batch's
+    items return at once), so the grid is fixed for a batch size."""
+    return (_check_count(max_items, "max_items"), 1, 1)
 
 
 def hip_src_dir() -> Path:

@@ -16,7 +16,7 @@ import ml_dtypes
 import numpy as np
 
 from hipmla.formats import KVCache
-from hipmla.validate import check_array, check_indptr, check_positive_finite
+from hipmla.validate import check_array, check_positive_finite
 
 #: The model's shape, defined here once: query heads (DeepSeek-V3/R1 at TP8), Q/K width
 #: (512 latent + 64 rope) and V width (the first 512 columns of a KV row).
@@ -39,30 +39,30 @@ def check_q(q, name: str = "q", batch: int | None = None) -> np.ndarray:
     return q.astype(np.float32)
 
 
-def check_kv(kv, indptr: np.ndarray) -> KVCache:
-    if not isinstance(kv, KVCache):
-        raise TypeError(f"kv: expected a hipmla.formats.KVCache, got {type(kv).__name__}")
-    if kv.dim != D_QK:
-        raise ValueError(f"kv: expected rows of {D_QK} values, got {kv.dim}")
-    check_indptr(indptr, "kv_indptr", total_rows=kv.rows)
-    return kv
-
-
 def mla_decode_reference(
     q,
     kv: KVCache,
-    kv_indptr,
+    layout,
     sm_scale: float,
     *,
     seqs=None,
     d_v: int = D_V,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Exact decode. Returns ``out (n, h_q, d_v)`` float32 and ``lse (n, h_q)`` float32
-    (natural log) for the sequences ``seqs`` (default: all, n = batch)."""
-    indptr = check_indptr(kv_indptr, "kv_indptr")
-    batch = indptr.shape[0] - 1
+    (natural log) for the sequences ``seqs`` (default: all, n = batch). ``layout`` is a
+    :class:`hipmla.paging.KvLayout` (a page table) or a host ``kv_indptr`` (contiguous rows)."""
+    from hipmla.paging import as_layout
+
+    layout = as_layout(layout)
+    batch = layout.batch
     qf = check_q(q, batch=batch)
-    check_kv(kv, indptr)
+    if not isinstance(kv, KVCache):
+        raise TypeError(f"kv: expected a hipmla.formats.KVCache, got {type(kv).__name__}")
+    if kv.dim != D_QK:
+        raise ValueError(f"kv: expected rows of {D_QK} values, got {kv.dim}")
+    if kv.format == "mxfp4" and kv.scales is None:
+        raise ValueError("kv: an mxfp4 cache needs its E8M0 scales")
+    layout.check_cache(kv.rows)
     scale = check_positive_finite(sm_scale, "sm_scale")
     sel = np.arange(batch) if seqs is None else np.asarray(seqs, dtype=np.int64)
     if sel.size and (sel.min() < 0 or sel.max() >= batch):
@@ -71,10 +71,10 @@ def mla_decode_reference(
     out = np.zeros((sel.size, heads, d_v), dtype=np.float32)
     lse = np.full((sel.size, heads), -np.inf, dtype=np.float32)
     for i, b in enumerate(sel):
-        r0, r1 = int(indptr[b]), int(indptr[b + 1])
-        if r1 == r0:
+        rows = layout.rows(int(b))
+        if rows.size == 0:
             continue
-        k = kv.dequantize(slice(r0, r1)).astype(np.float64)
+        k = kv.dequantize(rows).astype(np.float64)
         s = (qf[b].astype(np.float64) @ k.T) * scale  # (heads, n)
         m = s.max(axis=1, keepdims=True)
         e = np.exp(s - m)

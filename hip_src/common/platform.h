@@ -45,6 +45,21 @@ HIPMLA_DEVICE unsigned bits_from_f32(float x) { return __builtin_bit_cast(unsign
 HIPMLA_DEVICE float exp2_f32(float x) { return __builtin_exp2f(x); }
 HIPMLA_DEVICE float log2_f32(float x) { return __builtin_log2f(x); }
 
+// Cross-block hand-off (the last block of a sequence merges its partials). Agent scope:
+// the L2 is per XCD on MI300/MI355, so only agent-scope release/acquire make one
+// block's partial visible to a block on another XCD.
+HIPMLA_DEVICE void fence_release_device() { __builtin_amdgcn_fence(__ATOMIC_RELEASE, "agent"); }
+HIPMLA_DEVICE void fence_acquire_device() { __builtin_amdgcn_fence(__ATOMIC_ACQUIRE, "agent"); }
+HIPMLA_DEVICE int atomic_add_device(int* p, int v) {
+    return __hip_atomic_fetch_add(p, v, __ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_AGENT);
+}
+HIPMLA_DEVICE void atomic_store_device(int* p, int v) {
+    __hip_atomic_store(p, v, __ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_AGENT);
+}
+// After fence_acquire_device the vector caches are invalidated: a plain load is coherent.
+HIPMLA_DEVICE f32x4 load_coherent(const f32x4* p) { return *p; }
+HIPMLA_DEVICE float load_coherent(const float* p) { return *p; }
+
 }  // namespace hipmla
 
 #elif defined(__CUDACC__)
@@ -68,6 +83,15 @@ HIPMLA_DEVICE float f32_from_bits(unsigned u) { return __uint_as_float(u); }
 HIPMLA_DEVICE unsigned bits_from_f32(float x) { return __float_as_uint(x); }
 HIPMLA_DEVICE float exp2_f32(float x) { return exp2f(x); }
 HIPMLA_DEVICE float log2_f32(float x) { return log2f(x); }
+
+// Cross-block hand-off: __threadfence is a device-scope fence (fence.sc.gpu), and the
+// merger reads partials with ld.global.cg, which skips the SM's non-coherent L1.
+HIPMLA_DEVICE void fence_release_device() { __threadfence(); }
+HIPMLA_DEVICE void fence_acquire_device() { __threadfence(); }
+HIPMLA_DEVICE int atomic_add_device(int* p, int v) { return atomicAdd(p, v); }
+HIPMLA_DEVICE void atomic_store_device(int* p, int v) { atomicExch(p, v); }
+HIPMLA_DEVICE f32x4 load_coherent(const f32x4* p) { return __ldcg(p); }
+HIPMLA_DEVICE float load_coherent(const float* p) { return __ldcg(p); }
 
 }  // namespace hipmla
 

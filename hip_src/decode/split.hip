@@ -1,7 +1,8 @@
-// Split-KV decode: one block per work item (seq, token_begin, token_end, slot) computes
-// Q.K, the tiled online softmax and P.V for all heads over its token range, then writes
-// the normalised output + LSE (slot -1) or its partial (acc, m, l) for the combine
-// kernel. Numerics: hip_src/KERNELS.md.
+// Split-KV decode, the portable kernel: block i of the grid runs work item i of the
+// device-side schedule (core/schedule.h) -- Q.K, the tiled online softmax and P.V for
+// all heads over the item's token range -- then writes the normalised output + LSE (a
+// sequence of one item) or its partial; the last item of a split sequence to finish
+// merges the sequence's partials (core/merge.h). Numerics: hip_src/KERNELS.md.
 //
 // Specialisation (all required):
 //   HIPMLA_KV_FORMAT    0 bf16, 1 fp8, 2 mxfp4   (hip_src/common/config.h)
@@ -19,10 +20,14 @@
 //   P.V   thread = (4-byte column group c = tid % 64 of a 256-byte V slab, heads 4g..);
 //         V is restaged in 256-byte slabs (bf16 4, fp8 2; for mxfp4 the whole row is
 //         already resident), so each thread owns 32 accumulators for the whole range.
+// Rows come from core/paged.h, so a paged cache and a contiguous one run the same code.
 #include "params.h"
 #include "common/config.h"
 #include "common/numerics.h"
 #include "common/platform.h"
+#include "core/merge.h"
+#include "core/paged.h"
+#include "core/schedule.h"
 
 #if !defined(HIPMLA_KV_FORMAT) || !defined(HIPMLA_Q_PRECISION) || !defined(HIPMLA_FP8_FNUZ)
 #error "split.hip needs -DHIPMLA_KV_FORMAT=<0|1|2> -DHIPMLA_Q_PRECISION=<0|1|2> -DHIPMLA_FP8_FNUZ=<0|1>"
@@ -99,16 +104,9 @@ struct alignas(16) Smem {
     float red[HEADS * MAX_LANES];                    // [head][lane]: tile maxima, later l parts
     float alpha[HEADS];
     float l[HEADS];
+    ScheduleSmem<BLOCK_THREADS> sched;
+    int last;
 };
-
-// Token t of sequence `seq` is KV row kv_indptr[seq] + t. This is the only place that
-// knows it: a paged cache changes KvRows and kv_rows() and nothing else.
-struct KvRows {
-    long long first;
-    HIPMLA_DEVICE long long row(int token) const { return first + token; }
-};
-
-HIPMLA_DEVICE KvRows kv_rows(const MlaDecodeParams& p, int seq) { return KvRows{p.kv_indptr[seq]}; }
 
 // The KV element values of one 32-bit word, in memory order, as the dot products use
 // them: bf16 and fp8 exactly; mxfp4 as twice the E2M1 value (the block's half-scale is
@@ -230,11 +228,13 @@ HIPMLA_KERNEL(hipmla::BLOCK_THREADS) void HIPMLA_SPLIT_NAME(const MlaDecodeParam
     HIPMLA_SHARED Smem sm;
 
     const int tid = int(thread_index());
-    const int* item = p.work + 4 * block_index();
-    const int seq = item[0];
-    const int token_begin = item[1];
-    const int n_tokens = item[2] - item[1];
-    const int slot = item[3];
+    const WorkItem it = schedule_item<BLOCK_THREADS>(p, int(block_index()), sm.sched);
+    const int n_tokens = it.end - it.begin;
+    // No item for this block, or whole fast tiles, which the arch's fast kernel runs.
+    if (it.seq < 0 || (p.fast_tile > 0 && n_tokens > 0 && n_tokens % p.fast_tile == 0)) return;
+    const int seq = it.seq;
+    const int token_begin = it.begin;
+    const int slot = it.n_items > 1 ? it.slot : -1;
     const KvRows kv = kv_rows(p, seq);
 
     // Q.K and P.V roles: token / column group and head group.
@@ -365,4 +365,5 @@ HIPMLA_KERNEL(hipmla::BLOCK_THREADS) void HIPMLA_SPLIT_NAME(const MlaDecodeParam
             }
         }
     }
+    if (slot >= 0 && arrive_last(p, it, &sm.last)) merge_partials<BLOCK_THREADS>(p, it);
 }

@@ -1,0 +1,97 @@
+// The split merge, inside the decode kernel: every item of a split sequence writes its
+// partial (acc, m, l) to its slot, then arrives at the sequence's counter; the block
+// that arrives last merges all the sequence's slots into the bf16 output and LSE and
+// resets the counter for the next launch. No combine kernel, no second launch.
+//
+// Ordering: each thread's partial stores are released at device scope (agent scope on
+// AMD) before the block's one atomic increment; the last block acquires at the same
+// scope before it reads the partials (with loads that skip non-coherent caches).
+// Numerics (hip_src/KERNELS.md, step 5): M = max_i m_i, w_i = exp2(m_i - M),
+// L = sum_i w_i l_i and acc = sum_i w_i acc_i in slot order, out = bf16_rne(acc / L).
+#pragma once
+
+#include "params.h"
+#include "common/config.h"
+#include "common/numerics.h"
+#include "common/platform.h"
+#include "core/schedule.h"
+
+namespace hipmla {
+
+// Called by every thread of the block after its partial stores; true in every thread
+// of the block that completed the sequence. `flag` is one int of shared memory.
+HIPMLA_DEVICE bool arrive_last(const MlaDecodeParams& p, const WorkItem& it, int* flag) {
+    fence_release_device();
+    block_sync();
+    if (thread_index() == 0) {
+        const bool last = atomic_add_device(p.counters + it.seq, 1) == it.n_items - 1;
+        if (last) atomic_store_device(p.counters + it.seq, 0);
+        *flag = last ? 1 : 0;
+    }
+    block_sync();
+    const bool last = *flag != 0;
+    if (last) fence_acquire_device();
+    return last;
+}
+
+// Thread = (head h = tid / LANES, lane i = tid % LANES); lane i owns the 16-byte column
+// groups i + LANES k, so the lanes of a head read contiguous bytes per step.
+template <int THREADS>
+HIPMLA_DEVICE void merge_partials(const MlaDecodeParams& p, const WorkItem& it) {
+    constexpr int LANES = THREADS / HEADS;
+    constexpr int VEC = 4;
+    constexpr int STEPS = D_V / (LANES * VEC);
+    static_assert(LANES * HEADS == THREADS && STEPS * LANES * VEC == D_V, "lanes must cover heads x columns");
+
+    const int tid = int(thread_index());
+    const int h = tid / LANES;
+    const int i = tid % LANES;
+    const int s0 = it.first_slot;
+    const int s1 = it.first_slot + it.n_items;
+    const float neg_inf = f32_from_bits(0xff800000u);
+
+    float big_m = neg_inf;
+    for (int s = s0; s < s1; ++s) {
+        const float m = load_coherent(p.part_ml + ((long long)s * HEADS + h) * 2);
+        big_m = m > big_m ? m : big_m;
+    }
+    // All slots empty: weights would be exp2(-inf - -inf); the state is the empty one.
+    const float shift = big_m == neg_inf ? 0.0f : big_m;
+
+    float acc[STEPS][VEC];
+#pragma unroll
+    for (int k = 0; k < STEPS; ++k) {
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) acc[k][e] = 0.0f;
+    }
+    float big_l = 0.0f;
+    for (int s = s0; s < s1; ++s) {
+        const float* ml = p.part_ml + ((long long)s * HEADS + h) * 2;
+        const float w = exp2_f32(load_coherent(ml) - shift);
+        big_l += w * load_coherent(ml + 1);
+        const f32x4* part = reinterpret_cast<const f32x4*>(p.part_acc + ((long long)s * HEADS + h) * D_V);
+#pragma unroll
+        for (int k = 0; k < STEPS; ++k) {
+            const f32x4 a = load_coherent(part + i + LANES * k);
+            acc[k][0] += w * a.x;
+            acc[k][1] += w * a.y;
+            acc[k][2] += w * a.z;
+            acc[k][3] += w * a.w;
+        }
+    }
+
+    const bool zero = big_l <= 0.0f;
+    u32x2* out = reinterpret_cast<u32x2*>(static_cast<unsigned short*>(p.out) + ((long long)it.seq * HEADS + h) * D_V);
+#pragma unroll
+    for (int k = 0; k < STEPS; ++k) {
+        float o[VEC];
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) o[e] = zero ? 0.0f : acc[k][e] / big_l;
+        out[i + LANES * k] = u32x2{pack_bf16x2(o[0], o[1]), pack_bf16x2(o[2], o[3])};
+    }
+    if (i == 0 && p.lse != nullptr) {
+        p.lse[it.seq * HEADS + h] = zero ? neg_inf : (big_m + log2_f32(big_l)) * 0.6931471805599453f;
+    }
+}
+
+}  // namespace hipmla
