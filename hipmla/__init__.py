@@ -1,7 +1,7 @@
 """hipmla: MLA decode attention for AMD Instinct GPUs, torch-free.
 
 Layers, bottom up: ``formats`` (KV-cache byte layouts) -> ``reference`` (exact math) ->
-``plan`` (split-KV work items) -> ``emulate`` (numpy model of the kernels' numerics) ->
+``paging`` (token -> cache row) -> ``schedule`` (the device's split into work items) -> ``emulate`` (numpy model of the kernels' numerics) ->
 ``runtime`` (the one module that talks to hip-python) -> ``kernels`` (HIP sources and
 their parameter struct) -> ``decode`` (the decoder API) -> ``cli``.
 
@@ -10,16 +10,15 @@ Importing hipmla never needs ROCm or a GPU; the runtime loads HIP at first use.
 
 from hipmla.decode import Decoder
 from hipmla.formats import KVCache, mxfp4_dequantize, mxfp4_quantize, quantize_kv
-from hipmla.plan import DecodePlan, make_plan
+from hipmla.paging import KvLayout
 from hipmla.reference import merge_states, mla_decode_reference
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "DecodePlan",
     "Decoder",
     "KVCache",
-    "make_plan",
+    "KvLayout",
     "merge_states",
     "mla_decode_reference",
     "mxfp4_dequantize",

@@ -684,16 +684,18 @@ def predict(counts: LoopCounts, waves_per_simd: int, batch: int, kv_len: int, *,
     loop trip on its own SIMD: MFMA and VALU cycles overlapped (low) or serial (high), the
     LDS at LDS_BYTES_PER_CLOCK per CU; blocks resident per CU share the SIMDs. Items come
     from the real planner and are dealt longest first to the least loaded CU. Not modelled:
-    launch latency, the per-item prologue / merge, the combine kernel, memory latency.
+    launch latency, the per-item schedule prologue / merge, memory latency.
     ``kv_format`` sets the bytes per token (``scale_stride`` the mxfp4 scale row)."""
-    from hipmla.plan import make_plan  # the planner is numpy-only; keep aot import-light
+    from hipmla.schedule import SplitPolicy, schedule  # numpy-only; keep aot import-light
 
-    plan = make_plan([kv_len] * batch, device.num_cus, fast_tile_tokens=128)
+    items = schedule([kv_len] * batch, SplitPolicy.for_device(device.num_cus, fast_tile=128))
+    length = items.end - items.begin
+    whole = (length > 0) & (length % 128 == 0)
     blocks_per_cu = max(1, waves_per_simd * SIMDS_PER_CU // waves_per_block)
     valu = counts.valu * VALU_CYCLES + counts.transcendental * (TRANSCENDENTAL_CYCLES - VALU_CYCLES)
     lds = counts.lds_bytes * waves_per_block / LDS_BYTES_PER_CLOCK
     per_tile = (max(counts.mfma_cycles, valu, lds), max(counts.mfma_cycles + valu, lds))
-    tiles = (plan.fast_work[:, 2] - plan.fast_work[:, 1]) // 128
+    tiles = length[whole] // 128
     loads = [0] * (device.num_cus * blocks_per_cu)
     for t in sorted(tiles.tolist(), reverse=True):
         i = loads.index(min(loads))
@@ -705,7 +707,7 @@ def predict(counts: LoopCounts, waves_per_simd: int, batch: int, kv_len: int, *,
         raise ValueError(f"kv_format: expected one of {', '.join(KV_ROW_BYTES)}, got {kv_format!r}")
     token_bytes = KV_ROW_BYTES[kv_format] + (scale_stride if kv_format == "mxfp4" else 0)
     bytes_moved = (batch * kv_len * token_bytes + batch * 16 * 576 * 2 + batch * 16 * 512 * 2
-                   + plan.n_slots * 16 * (512 + 2) * 4 * 2)
+                   + int((items.n_items > 1).sum()) * 16 * (512 + 2) * 4 * 2)
     hbm = bytes_moved / device.hbm_bytes_per_s * 1e6
     return Prediction(batch, kv_len, hbm, compute, (max(hbm, compute[0]), max(hbm, compute[1])))
 

@@ -81,13 +81,12 @@ def _backend(device: str):
         if device != "auto":
             raise SystemExit(f"--device {device}: no GPU available through hip-python")
     from hipmla.emulate import emulate_decode
-    from hipmla.plan import make_plan
+    from hipmla.schedule import SplitPolicy
 
     def run(inputs, seqs, q_precision):
-        plan = make_plan(inputs.seq_lens, HOST_NUM_CUS)
         t0 = time.perf_counter()
-        out, lse = emulate_decode(inputs.q, inputs.kv, plan, inputs.sm_scale,
-                                  q_precision=q_precision, seqs=seqs)
+        out, lse = emulate_decode(inputs.q, inputs.kv, inputs.layout, inputs.sm_scale,
+                                  SplitPolicy.for_device(HOST_NUM_CUS), q_precision=q_precision, seqs=seqs)
         return out, lse, time.perf_counter() - t0
 
     return "host-emulator", run
@@ -118,7 +117,7 @@ def cmd_check(args) -> int:
         print(f"  [{i + 1}/{total}] {shape.name} {fmt}: running {len(seqs)} sequences...  ",
               end="\r", file=sys.stderr, flush=True)
         out, lse, seconds = run(inputs, seqs, args.q_precision)
-        ref_out, ref_lse = mla_decode_reference(inputs.q, inputs.kv, inputs.kv_indptr,
+        ref_out, ref_lse = mla_decode_reference(inputs.q, inputs.kv, inputs.layout,
                                                 inputs.sm_scale, seqs=seqs)
         row = CheckRow(shape.name, fmt, label, args.q_precision, len(seqs),
                        *compare(out, lse, ref_out, ref_lse, tol), seconds)

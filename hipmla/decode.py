@@ -1,33 +1,41 @@
-"""The decoder: plan on the host, launch the split and combine kernels on a stream.
+"""The decoder: one decode step is one launch of device arrays, with no host work.
 
-    dec = Decoder("mxfp4", sm_scale=1 / 24)          # device 0, null stream
-    plan = dec.plan(seq_lens)                        # host lengths -> device work list
-    dec.run(plan, q, kv, kv_indptr, out, kv_scale=scales, lse=lse)
+    dec = Decoder("mxfp4", sm_scale=1 / 24, max_batch=256)   # device 0, null stream
+    dec.run(q, kv, kv_indptr, out, kv_scale=scales, lse=lse,             # contiguous rows
+            kv_indices=pages, kv_last_page_len=last, page_size=16)       # or a page table
 
 Buffers are device addresses (int) or objects exposing ``__cuda_array_interface__``;
-with the latter every shape, dtype and stride is checked against the plan before
-anything is launched. ``run`` never reads device memory and never synchronizes, so it
-can be captured into a graph. :meth:`Decoder.decode` is the convenience path for numpy
-arrays (copy in, run, copy out).
+with the latter every shape, dtype and stride is checked before anything is launched.
+The split of the batch over the GPU is derived on the device from ``kv_indptr`` (and
+``kv_last_page_len``) by every block of the decode grid (``hip_src/core/schedule.h``),
+and the last block of a split sequence merges its partials, so a step never reads
+device memory, never allocates, copies or synchronizes: capture one step into a graph
+and replay it for every later step of the same batch size.
 
-The decoder owns a split-partials scratch buffer, allocated by the first plan that needs
-one and grown only when a later plan needs more; one decoder serves one stream at a time.
+The decoder owns the split-partials scratch and the per-sequence counters, sized once
+for ``max_batch`` sequences (``reserve`` grows them, outside a step). One decoder serves
+one stream at a time: two steps in flight at once on two streams would share them.
+:meth:`Decoder.decode` is the convenience path for numpy arrays (copy in, run, copy out).
 """
 
 from __future__ import annotations
 
-import ctypes
 import time
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 
 from hipmla import kernels, runtime
-from hipmla.formats import KV_FORMATS, KVCache
-from hipmla.plan import DecodePlan, lengths_from_indptr, make_plan
-from hipmla.reference import check_kv, check_q
 from hipmla.emulate import LOG2E
+from hipmla.formats import KV_FORMATS, KVCache
+from hipmla.paging import PAGE_SIZES, KvLayout, as_layout, check_page_size
+from hipmla.reference import check_q
+from hipmla.schedule import INT32_MAX, SplitPolicy
 from hipmla.validate import check_choice, check_positive_finite, format_shape
+
+#: Batch the decoder reserves for when the caller does not say.
+DEFAULT_MAX_BATCH = 256
 
 
 def fp8_variant_for(arch: str) -> str:
@@ -39,8 +47,9 @@ def fp8_variant_for(arch: str) -> str:
 
 
 def device_ptr(obj, name: str, *, itemsize: int, shape: tuple | None = None,
-               kinds: str = "uiV", align: int = 4) -> int:
-    """Address of a device buffer given as an int or a ``__cuda_array_interface__``.
+               kinds: str = "uiV", align: int = 4) -> tuple[int, tuple | None]:
+    """``(address, shape)`` of a device buffer given as an int or a
+    ``__cuda_array_interface__`` object (shape None for a raw address).
 
     The address must be ``align``-byte aligned (the kernels load Q and KV rows 16 bytes
     at a time). For an interface object, ``shape`` (``None`` entries match anything),
@@ -50,7 +59,7 @@ def device_ptr(obj, name: str, *, itemsize: int, shape: tuple | None = None,
     if isinstance(obj, (int, np.integer)) and not isinstance(obj, bool):
         if obj <= 0:
             raise ValueError(f"{name}: expected a non-null device address, got {obj}")
-        return _aligned(int(obj), name, align)
+        return _aligned(int(obj), name, align), None
     cai = getattr(obj, "__cuda_array_interface__", None)
     if cai is None:
         if isinstance(obj, np.ndarray):
@@ -61,7 +70,7 @@ def device_ptr(obj, name: str, *, itemsize: int, shape: tuple | None = None,
     got_shape = tuple(int(s) for s in cai["shape"])
     typestr = cai["typestr"]
     if int(typestr[2:]) != itemsize or typestr[1] not in kinds:
-        want = "float" if kinds == "f" else "raw (bf16/fp8/byte) or integer"
+        want = {"f": "float", "i": "int32"}.get(kinds, "raw (bf16/fp8/byte) or integer")
         raise TypeError(f"{name}: expected {itemsize}-byte {want} elements, got typestr {typestr!r}")
     if shape is not None:
         if len(got_shape) != len(shape) or any(w is not None and w != g for w, g in zip(shape, got_shape)):
@@ -75,7 +84,7 @@ def device_ptr(obj, name: str, *, itemsize: int, shape: tuple | None = None,
     ptr = int(cai["data"][0])
     if ptr == 0 and int(np.prod(got_shape, dtype=np.int64)) > 0:
         raise ValueError(f"{name}: null data pointer")
-    return _aligned(ptr, name, align)
+    return _aligned(ptr, name, align), got_shape
 
 
 def _aligned(ptr: int, name: str, align: int) -> int:
@@ -84,24 +93,49 @@ def _aligned(ptr: int, name: str, align: int) -> int:
     return ptr
 
 
-# ----------------------------------------------------------------------------- plans
+# ----------------------------------------------------------------------------- argument keys
 
 
-class DevicePlan:
-    """A :class:`DecodePlan` with its work list uploaded; owned by the decoder that made it."""
+def _tensor_key(obj) -> tuple:
+    # torch-style tensors: four cheap accessors instead of building the interface dict.
+    return (type(obj), obj.data_ptr(), obj.shape, obj.dtype, obj.stride())
 
-    def __init__(self, plan: DecodePlan):
-        self.plan = plan
-        self.work = runtime.DeviceArray.from_host(plan.work)
-        self.seq_slots = runtime.DeviceArray.from_host(plan.seq_slots)
 
-    @property
-    def batch(self) -> int:
-        return self.plan.batch
+def _array_key(obj) -> tuple:
+    return (type(obj), obj.ptr, obj.shape, obj.dtype)
 
-    def close(self) -> None:
-        self.work.free()
-        self.seq_slots.free()
+
+def _interface_key(obj) -> tuple:
+    cai = obj.__cuda_array_interface__
+    return (type(obj), cai["data"][0], tuple(cai["shape"]), cai["typestr"], cai.get("strides"))
+
+
+_KEYERS: dict[type, Callable] = {}
+
+
+def buffer_key(obj):
+    """What a buffer argument is — address, shape, dtype, strides — as a value that
+    compares equal for any two views of the same memory, whatever the objects. A raw
+    address and None are their own key."""
+    if obj is None or type(obj) is int:
+        return obj
+    keyer = _KEYERS.get(type(obj))
+    if keyer is None:
+        if isinstance(obj, runtime.DeviceArray):
+            keyer = _array_key
+        elif callable(getattr(obj, "data_ptr", None)) and callable(getattr(obj, "stride", None)) \
+                and hasattr(obj, "__cuda_array_interface__"):
+            keyer = _tensor_key
+        else:
+            keyer = _interface_key
+        _KEYERS[type(obj)] = keyer
+    try:
+        return keyer(obj)
+    except Exception:  # noqa: BLE001 - not a buffer: the full check will say what it is
+        return (object(),)
+
+
+# ----------------------------------------------------------------------------- the decoder
 
 
 def resolve_q_precision(q_precision: str, arch: str, kv_format: str) -> str:
@@ -126,115 +160,142 @@ class DecoderConfig:
         check_choice(self.q_precision, "q_precision", kernels.Q_PRECISIONS)
         check_positive_finite(self.sm_scale, "sm_scale")
         if self.heads != kernels.HEADS:
-            raise ValueError(f"heads: the kernels are built for {kernels.HEADS} heads, got {self.heads}")
+            raise ValueError(f"heads: the kernels are built for {kernels.HEADS} heads, got {self.heads!r}")
 
 
 class Decoder:
     """MLA decode for one KV format and Q precision on one device and stream."""
 
     def __init__(self, kv_format: str, sm_scale: float, *, q_precision: str = "auto",
-                 heads: int = kernels.HEADS, device: int = 0, stream=None):
+                 heads: int = kernels.HEADS, device: int = 0, stream=None,
+                 max_batch: int = DEFAULT_MAX_BATCH):
         check_choice(kv_format, "kv_format", KV_FORMATS)
         self.device = runtime.device_info(device)
         arch = self.device.arch
         q_precision = resolve_q_precision(q_precision, arch, kv_format)
-        self.config = DecoderConfig(kv_format, float(sm_scale), q_precision, heads)
+        self.config = DecoderConfig(kv_format, check_positive_finite(sm_scale, "sm_scale"), q_precision, heads)
         self.stream = stream
         self.fp8_variant = fp8_variant_for(arch)
         self._split = kernels.split_kernel(kv_format, q_precision)
-        self._combine = kernels.combine_kernel()
         # Whole tiles of every sequence go to the arch's fast kernel where it has one.
         self._fast = kernels.fast_split_kernel(arch, kv_format, q_precision)
+        self.policy = SplitPolicy.for_device(
+            self.device.num_cus, fast_tile=self._fast.tile_tokens if self._fast is not None else 0)
         self._split_fn = runtime.load_kernel(self._split, arch)
-        self._combine_fn = runtime.load_kernel(self._combine, arch)
         self._fast_fn = runtime.load_kernel(self._fast, arch) if self._fast is not None else None
         self._scratch: runtime.DeviceBuffer | None = None
-        self._scratch_slots = 0
-        self._plans: list[DevicePlan] = []
+        self._max_batch = 0
+        self._slots = 0
         self._params = kernels.DecodeParams()
-        self._last_key: tuple | None = None  # arguments of the last run, already resolved
-        self._launches: list[tuple] = []
         # f32 exactly as the emulator forms it: the scale rounded to f32, times log2(e).
-        self._params.sm_scale_log2 = float(np.float32(self.config.sm_scale) * LOG2E)
+        self._params.sm_scale_log2 = _f32(float(np.float32(self.config.sm_scale) * LOG2E), "sm_scale")
+        self._params.split_target = self.policy.target_items
+        self._params.split_min_tokens = self.policy.min_split_tokens
+        self._params.split_align = self.policy.align_tokens
+        self._params.fast_tile = self.policy.fast_tile
+        self._last_key: tuple | None = None  # arguments of the last run, already resolved
+        self._launches: list[Callable[[], None]] = []
+        self.reserve(max_batch)
 
-    # -- planning ---------------------------------------------------------------
+    # -- capacity -------------------------------------------------------------------
 
-    def plan(self, seq_lens=None, *, kv_indptr=None) -> DevicePlan:
-        """Plan from host-side lengths (or a host ``kv_indptr``) and upload the work list."""
-        if (seq_lens is None) == (kv_indptr is None):
-            raise ValueError("plan: pass exactly one of seq_lens and kv_indptr (host arrays)")
-        runtime.use_device(self.device.index)
-        lens = lengths_from_indptr(kv_indptr) if kv_indptr is not None else seq_lens
-        fast_tile = self._fast.tile_tokens if self._fast is not None else 0
-        host = make_plan(lens, self.device.num_cus, fast_tile_tokens=fast_tile)
-        self._last_key = None  # the scratch may move
-        self._ensure_scratch(host.n_slots)
-        dp = DevicePlan(host)
-        self._plans.append(dp)
-        return dp
+    @property
+    def max_batch(self) -> int:
+        return self._max_batch
 
     @property
     def scratch_bytes(self) -> int:
         return 0 if self._scratch is None else self._scratch.nbytes
 
-    def _ensure_scratch(self, n_slots: int) -> None:
-        """Grow the scratch to ``n_slots``. The new buffer is allocated before the old
-        one is freed, so a failed allocation leaves the decoder as it was. Growing
-        frees memory that an already captured graph may still use: capture after the
-        largest plan."""
-        if n_slots <= self._scratch_slots:
+    def reserve(self, max_batch: int) -> None:
+        """Size the partials scratch and the counters for batches of up to ``max_batch``
+        sequences (any lengths). Grows only; not for inside a step: it allocates, and
+        it waits for enqueued work before it frees the old buffers — so reserve before
+        capturing a graph, which then keeps using these buffers."""
+        if isinstance(max_batch, bool) or not isinstance(max_batch, (int, np.integer)) \
+                or not 1 <= max_batch <= INT32_MAX // 4:
+            raise ValueError(f"max_batch: expected an integer in [1, {INT32_MAX // 4}], got {max_batch!r}")
+        if max_batch <= self._max_batch:
             return
-        per_slot = self.config.heads * (kernels.D_V + 2) * 4
-        grown = runtime.alloc(n_slots * per_slot)
+        runtime.use_device(self.device.index)
+        slots = self.policy.max_items(int(max_batch))
+        heads = self.config.heads
+        acc_bytes = slots * heads * kernels.D_V * 4
+        ml_bytes = slots * heads * 2 * 4
+        grown = runtime.alloc(acc_bytes + ml_bytes + int(max_batch) * 4)
+        # The merger resets each counter it finishes; they start at zero once.
+        runtime.memset(grown.ptr + acc_bytes + ml_bytes, 0, int(max_batch) * 4)
+        runtime.synchronize()  # the memset is done, and runs enqueued on the old buffers too
         if self._scratch is not None:
-            runtime.synchronize()  # runs already enqueued may still write the old one
             self._scratch.free()
-        self._scratch, self._scratch_slots = grown, n_slots
+        self._scratch, self._max_batch, self._slots = grown, int(max_batch), slots
+        p = self._params
+        p.part_acc = grown.ptr
+        p.part_ml = grown.ptr + acc_bytes
+        p.counters = grown.ptr + acc_bytes + ml_bytes
+        self._last_key = None
 
     # -- launching ----------------------------------------------------------------
 
-    def run(self, plan: DevicePlan, q, kv, kv_indptr, out, *, kv_scale=None, lse=None,
-            fp8_scale: float | None = None, kv_scale_stride: int | None = None, stream=None) -> None:
-        """Enqueue one decode on ``stream`` (default: the decoder's). No host sync.
+    def run(self, q, kv, kv_indptr, out, *, kv_indices=None, kv_last_page_len=None, page_size: int = 1,
+            kv_scale=None, lse=None, fp8_scale: float | None = None, kv_scale_stride: int | None = None,
+            batch: int | None = None, stream=None) -> None:
+        """Enqueue one decode step on ``stream`` (default: the decoder's). No host sync,
+        no allocation, no copy: what changes between steps (lengths, page tables) is read
+        by the kernels from ``kv_indptr``, ``kv_indices`` and ``kv_last_page_len``.
 
-        Arguments are checked and resolved once per distinct set of argument objects: a
-        decode loop that passes the same objects again (raw addresses compare by value)
-        goes straight to the launches. So an interface object must keep its address
-        (and stay allocated) while it is being passed here, as device arrays do.
-        The decoder keeps the last arguments referenced until the next ``run`` with
-        others, ``release`` or ``close``.
+        Arguments are checked once per distinct set of buffers — their addresses, shapes,
+        dtypes and strides, not the objects — so new views of the same memory each step
+        go straight to the launch. ``batch`` is needed when ``q`` is a raw address.
         """
         runtime.use_device(self.device.index)
-        key = (plan, q, kv, kv_indptr, out, kv_scale, lse, fp8_scale, kv_scale_stride,
-               self.stream if stream is None else stream)
-        if not _same_arguments(key, self._last_key):
+        key = (buffer_key(q), buffer_key(kv), buffer_key(kv_indptr), buffer_key(out),
+               buffer_key(kv_indices), buffer_key(kv_last_page_len), page_size, buffer_key(kv_scale),
+               buffer_key(lse), fp8_scale, kv_scale_stride, batch, self.stream if stream is None else stream)
+        if key != self._last_key:
             self._last_key = None
-            self._prepare(*key)
+            self._prepare(q, kv, kv_indptr, out, kv_indices, kv_last_page_len, page_size, kv_scale, lse,
+                          fp8_scale, kv_scale_stride, batch, key[-1])
             self._last_key = key
-        for launch, grid, block, shared, s in self._launches:
-            launch(grid, block, shared, s)
+        for launch in self._launches:
+            launch()
 
-    def _prepare(self, plan, q, kv, kv_indptr, out, kv_scale, lse, fp8_scale, kv_scale_stride,
-                 stream) -> None:
-        """Validate every argument and fill the parameter struct and the launch list."""
-        if not isinstance(plan, DevicePlan) or plan not in self._plans:
-            raise ValueError("plan: expected a DevicePlan made by this decoder's plan()")
+    def _prepare(self, q, kv, kv_indptr, out, kv_indices, kv_last_page_len, page_size, kv_scale, lse,
+                 fp8_scale, kv_scale_stride, batch, stream) -> None:
+        """Validate every argument and build the launches."""
         cfg = self.config
-        b, h = plan.batch, cfg.heads
-        fmt = cfg.kv_format
+        h, fmt = cfg.heads, cfg.kv_format
         p = self._params
-        p.q = device_ptr(q, "q", itemsize=2, shape=(b, h, kernels.D_QK), align=16)
+        b = _batch(q, batch)
+        if b > self._max_batch:
+            raise ValueError(f"batch: {b} sequences exceed the {self._max_batch} this decoder reserved "
+                             f"for; call reserve({b}) before the step")
+        p.q = device_ptr(q, "q", itemsize=2, shape=(b, h, kernels.D_QK), align=16)[0]
         kv_cols = kernels.D_QK // 2 if fmt == "mxfp4" else kernels.D_QK
-        p.kv = device_ptr(kv, "kv", itemsize=2 if fmt == "bf16" else 1, shape=(None, kv_cols), align=16)
-        _check_rows(kv, "kv", plan.plan.total_tokens)
-        p.kv_indptr = device_ptr(kv_indptr, "kv_indptr", itemsize=4, shape=(b + 1,), kinds="i")
+        p.kv, kv_shape = device_ptr(kv, "kv", itemsize=2 if fmt == "bf16" else 1, shape=(None, kv_cols), align=16)
+        p.kv_indptr = device_ptr(kv_indptr, "kv_indptr", itemsize=4, shape=(b + 1,), kinds="i")[0]
         # The kernels store up to 16 bytes of output at a time.
-        p.out = device_ptr(out, "out", itemsize=2, shape=(b, h, kernels.D_V), align=16)
-        p.lse = 0 if lse is None else device_ptr(lse, "lse", itemsize=4, shape=(b, h), kinds="f")
+        p.out = device_ptr(out, "out", itemsize=2, shape=(b, h, kernels.D_V), align=16)[0]
+        p.lse = 0 if lse is None else device_ptr(lse, "lse", itemsize=4, shape=(b, h), kinds="f")[0]
+        if kv_indices is None and kv_last_page_len is None:
+            if page_size != 1:
+                raise ValueError(f"page_size: {page_size!r} given without a page table "
+                                 f"(kv_indices, kv_last_page_len)")
+            p.kv_indices = p.kv_last_page_len = 0
+            p.page_shift = 0
+        elif kv_indices is None or kv_last_page_len is None:
+            raise ValueError("kv_indices/kv_last_page_len: a page table needs both")
+        else:
+            p.page_shift = check_page_size(page_size).bit_length() - 1
+            p.kv_indices = device_ptr(kv_indices, "kv_indices", itemsize=4, shape=(None,), kinds="i")[0]
+            p.kv_last_page_len = device_ptr(kv_last_page_len, "kv_last_page_len", itemsize=4,
+                                            shape=(b,), kinds="i")[0]
         if fmt == "mxfp4":
             stride = _scale_stride(kv_scale, kv_scale_stride)
-            p.kv_scale = device_ptr(kv_scale, "kv_scale", itemsize=1, shape=(None, stride), align=1)
-            _check_rows(kv_scale, "kv_scale", plan.plan.total_tokens)
+            p.kv_scale, scale_shape = device_ptr(kv_scale, "kv_scale", itemsize=1, shape=(None, stride), align=1)
+            if kv_shape is not None and scale_shape is not None and scale_shape[0] < kv_shape[0]:
+                raise ValueError(f"kv_scale: expected a scale row for each of the {kv_shape[0]} cache rows, "
+                                 f"got {scale_shape[0]}")
             p.stride_kv_scale = stride
             p.kv_fp8_scale = 1.0
         else:
@@ -245,70 +306,61 @@ class Decoder:
             if fmt == "fp8":
                 if fp8_scale is None:
                     raise ValueError("fp8_scale: the fp8 format needs its per-tensor scale")
-                p.kv_fp8_scale = check_positive_finite(fp8_scale, "fp8_scale")
+                p.kv_fp8_scale = _f32(check_positive_finite(fp8_scale, "fp8_scale"), "fp8_scale")
             else:
                 p.kv_fp8_scale = 1.0
-        p.work = plan.work.ptr
-        p.seq_slots = plan.seq_slots.ptr
-        scratch = self._scratch.ptr if self._scratch is not None else 0
-        p.part_acc = scratch
-        p.part_ml = scratch + self._scratch_slots * h * kernels.D_V * 4 if scratch else 0
         p.batch = b
-        p.n_work = plan.plan.n_work
-        s = stream
-        if plan.plan.n_slots > self._scratch_slots or (plan.plan.n_slots and self._scratch is None):
-            raise ValueError("plan: its split partials do not fit this decoder's scratch "
-                             "(a plan() that grew it failed?); plan again")
-        # Fast items (whole tiles) first, then the portable ones, then the combine; each
-        # split launch reads its own slice of the work list, so each gets its own copy
-        # of the parameters (launches copy them when they are enqueued).
-        n_fast = plan.plan.n_fast
+        grid = kernels.grid_decode(self.policy.max_items(b))
+        block = (kernels.BLOCK_THREADS, 1, 1)
+        # Each launch gets its own copy of the parameters (the struct is read when a
+        # launch is enqueued; a copy per launch keeps later edits of self._params out).
         launches = []
-        if n_fast:
-            pf = type(p).from_buffer_copy(p)
-            pf.n_work = n_fast
-            launches.append((self._fast_fn, self._fast, kernels.grid_split(n_fast), pf))
-        if plan.plan.n_portable:
-            pp = type(p).from_buffer_copy(p)
-            pp.work = plan.work.ptr + 16 * n_fast
-            pp.n_work = plan.plan.n_portable
-            launches.append((self._split_fn, self._split, kernels.grid_split(pp.n_work), pp))
-        if plan.plan.needs_combine:
-            pc = type(p).from_buffer_copy(p)
-            launches.append((self._combine_fn, self._combine, kernels.grid_combine(b), pc))
-        self._launches = [(fn.bind(params), grid, (spec.block_threads, 1, 1), spec.dynamic_shared_bytes, s)
-                          for fn, spec, grid, params in launches]
+        if self._fast_fn is not None:
+            launches.append(self._fast_fn.bind(type(p).from_buffer_copy(p)).prepare(
+                grid, (self._fast.block_threads, 1, 1), self._fast.dynamic_shared_bytes, stream))
+        launches.append(self._split_fn.bind(type(p).from_buffer_copy(p)).prepare(
+            grid, block, self._split.dynamic_shared_bytes, stream))
+        self._launches = launches
 
     # -- numpy convenience ----------------------------------------------------------
 
-    def decode(self, q: np.ndarray, kv: KVCache, kv_indptr: np.ndarray
-               ) -> tuple[np.ndarray, np.ndarray]:
-        """Copy numpy inputs in, decode, copy out: ``(out bf16 (b,h,512), lse f32 (b,h))``."""
-        check_q(q, batch=int(np.asarray(kv_indptr).shape[0]) - 1)
-        check_kv(kv, kv_indptr)
+    def decode(self, q: np.ndarray, kv: KVCache, layout) -> tuple[np.ndarray, np.ndarray]:
+        """Copy numpy inputs in, decode, copy out: ``(out bf16 (b,h,512), lse f32 (b,h))``.
+        ``layout`` is a :class:`hipmla.paging.KvLayout` or a host ``kv_indptr``."""
+        layout = as_layout(layout)
+        check_q(q, batch=layout.batch)
         self._check_cache(kv)
+        layout.check_cache(kv.rows)
         import ml_dtypes
 
         if q.dtype != ml_dtypes.bfloat16:
             raise TypeError(f"q: the device path takes bfloat16 Q, got {q.dtype}")
-        plan = self.plan(kv_indptr=kv_indptr)
-        b = plan.batch
-        bufs = [runtime.DeviceArray.from_host(a) for a in
-                (q.view(np.uint16), kv.data, np.ascontiguousarray(kv_indptr, dtype=np.int32))]
+        b = layout.batch
+        self.reserve(b)
+        host = [q.view(np.uint16), kv.data, np.ascontiguousarray(layout.kv_indptr, dtype=np.int32)]
+        if layout.paged:
+            host += [np.ascontiguousarray(layout.kv_indices, dtype=np.int32),
+                     np.ascontiguousarray(layout.kv_last_page_len, dtype=np.int32)]
+        bufs = [runtime.DeviceArray.from_host(a) for a in host]
         scale = runtime.DeviceArray.from_host(kv.scales) if kv.format == "mxfp4" else None
         out = runtime.DeviceArray((b, self.config.heads, kernels.D_V), np.uint16)
         lse = runtime.DeviceArray((b, self.config.heads), np.float32)
+        paged = dict(kv_indices=bufs[3], kv_last_page_len=bufs[4], page_size=layout.page_size) \
+            if layout.paged else {}
         try:
-            self.run(plan, *bufs, out, kv_scale=scale, lse=lse,
-                     fp8_scale=kv.fp8_scale if kv.format == "fp8" else None)
+            self.run(*bufs[:3], out, kv_scale=scale, lse=lse,
+                     fp8_scale=kv.fp8_scale if kv.format == "fp8" else None, **paged)
             runtime.synchronize()
             return out.to_host().view(ml_dtypes.bfloat16), lse.to_host()
         finally:
+            self._last_key = None
+            self._launches = []
             for a in bufs + [out, lse] + ([scale] if scale is not None else []):
                 a.free()
-            self.release(plan)
 
     def _check_cache(self, kv: KVCache) -> None:
+        if not isinstance(kv, KVCache):
+            raise TypeError(f"kv: expected a hipmla.formats.KVCache, got {type(kv).__name__}")
         if kv.format != self.config.kv_format:
             raise ValueError(f"kv: this decoder reads {self.config.kv_format}, got a {kv.format} cache")
         if kv.format == "fp8" and kv.fp8_variant != self.fp8_variant:
@@ -317,26 +369,14 @@ class Decoder:
 
     # -- lifetime -------------------------------------------------------------------
 
-    def release(self, plan: DevicePlan) -> None:
-        """Free a plan's device work list (after the runs that use it have finished)."""
-        if plan in self._plans:
-            runtime.use_device(self.device.index)
-            self._plans.remove(plan)
-            plan.close()
-            self._last_key = None
-
     def close(self) -> None:
         self._last_key = None
         self._launches = []
-        if self._plans or self._scratch is not None:
-            runtime.use_device(self.device.index)
-        for plan in self._plans:
-            plan.close()
-        self._plans.clear()
         if self._scratch is not None:
+            runtime.use_device(self.device.index)
             self._scratch.free()
             self._scratch = None
-            self._scratch_slots = 0
+            self._max_batch = self._slots = 0
 
     def __enter__(self) -> Decoder:
         return self
@@ -345,35 +385,46 @@ class Decoder:
         self.close()
 
 
-def _same_arguments(a: tuple, b: tuple | None) -> bool:
-    """The same argument objects as last time: identity, except numbers by value. Never
-    ``==`` on buffers: a tensor's ``==`` may raise or even launch device work."""
-    if b is None:
-        return False
-    for x, y in zip(a, b):
-        if x is not y and not (type(x) in (int, float) and type(x) is type(y) and x == y):
-            return False
-    return True
+def _f32(value: float, name: str) -> float:
+    """``value`` as the kernel's f32 receives it: finite and not flushed to zero."""
+    v = np.float32(value)
+    if not np.isfinite(v) or v == 0 or abs(v) < np.finfo(np.float32).tiny:
+        raise ValueError(f"{name}: {value!r} is outside the range of the kernel's float32 "
+                         f"(normal magnitudes {np.finfo(np.float32).tiny:.3g} .. {np.finfo(np.float32).max:.3g})")
+    return float(v)
 
 
-def _check_rows(buf, name: str, needed: int) -> None:
-    cai = getattr(buf, "__cuda_array_interface__", None)
-    if cai is not None and int(cai["shape"][0]) < needed:
-        raise ValueError(f"{name}: the plan's sequences need {needed} rows, got {cai['shape'][0]}")
+def _batch(q, batch) -> int:
+    if batch is not None:
+        if isinstance(batch, bool) or not isinstance(batch, (int, np.integer)) or batch < 1:
+            raise ValueError(f"batch: expected an integer >= 1, got {batch!r}")
+        return int(batch)
+    cai = getattr(q, "__cuda_array_interface__", None)
+    if cai is None:
+        raise ValueError("batch: needed when q is a raw address (the sequences of the step)")
+    shape = tuple(cai["shape"])
+    if len(shape) != 3 or shape[0] < 1:
+        raise ValueError(f"q: expected shape (batch >= 1, {kernels.HEADS}, {kernels.D_QK}), got {shape}")
+    return int(shape[0])
 
 
 def _scale_stride(kv_scale, kv_scale_stride: int | None) -> int:
     if kv_scale is None:
         raise ValueError("kv_scale: the mxfp4 format needs its E8M0 block scales")
+    if kv_scale_stride is not None and (isinstance(kv_scale_stride, bool)
+                                        or not isinstance(kv_scale_stride, (int, np.integer))):
+        raise TypeError(f"kv_scale_stride: expected an int, got {type(kv_scale_stride).__name__}")
     cai = getattr(kv_scale, "__cuda_array_interface__", None)
-    stride = int(cai["shape"][1]) if cai is not None and len(cai["shape"]) == 2 else kv_scale_stride
+    if cai is not None and len(cai["shape"]) != 2:
+        raise ValueError(f"kv_scale: expected shape (rows, stride), got {tuple(cai['shape'])}")
+    stride = int(cai["shape"][1]) if cai is not None else kv_scale_stride
     if stride is None:
         raise ValueError("kv_scale_stride: needed when kv_scale is a raw address")
     if kv_scale_stride is not None and stride != kv_scale_stride:
         raise ValueError(f"kv_scale_stride: {kv_scale_stride} disagrees with kv_scale's shape ({stride})")
-    if stride < kernels.D_QK // 32:
-        raise ValueError(f"kv_scale_stride: expected >= {kernels.D_QK // 32}, got {stride}")
-    return stride
+    if not kernels.D_QK // 32 <= stride <= INT32_MAX:
+        raise ValueError(f"kv_scale_stride: expected {kernels.D_QK // 32} .. {INT32_MAX}, got {stride}")
+    return int(stride)
 
 
 # ----------------------------------------------------------------------------- CLI backend
@@ -389,7 +440,11 @@ def gpu_check_backend(index: int = 0):
         if key not in decoders:
             decoders[key] = Decoder(inputs.kv.format, inputs.sm_scale, q_precision=q_precision, device=index)
         t0 = time.perf_counter()  # wall time of the numpy path: copies in and out included
-        out, lse = decoders[key].decode(inputs.q, inputs.kv, inputs.kv_indptr)
+        out, lse = decoders[key].decode(inputs.q, inputs.kv, inputs.layout)
         return out[seqs], lse[seqs], time.perf_counter() - t0
 
     return f"{info.arch}:{index}", run
+
+
+__all__ = ["Decoder", "DecoderConfig", "PAGE_SIZES", "KvLayout", "buffer_key", "device_ptr",
+           "fp8_variant_for", "resolve_q_precision"]

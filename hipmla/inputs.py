@@ -11,7 +11,7 @@ import ml_dtypes
 import numpy as np
 
 from hipmla.formats import KV_FORMATS, KVCache, default_scale_stride, quantize_kv
-from hipmla.plan import indptr_from_lengths
+from hipmla.paging import KvLayout
 from hipmla.reference import D_QK, HEADS
 from hipmla.validate import check_choice
 
@@ -45,16 +45,20 @@ def benchmark_shapes() -> list[Shape]:
 class DecodeInputs:
     q: np.ndarray  # (b, h, 576) bfloat16
     kv: KVCache
-    kv_indptr: np.ndarray  # (b + 1,) int32
+    layout: KvLayout  # where each sequence's rows are (contiguous, or a page table)
     sm_scale: float
 
     @property
     def batch(self) -> int:
-        return int(self.kv_indptr.shape[0] - 1)
+        return self.layout.batch
+
+    @property
+    def kv_indptr(self) -> np.ndarray:
+        return self.layout.kv_indptr
 
     @property
     def seq_lens(self) -> np.ndarray:
-        return np.diff(self.kv_indptr).astype(np.int64)
+        return self.layout.seq_lens()
 
 
 def make_inputs(
@@ -76,7 +80,8 @@ def make_inputs(
     measured, for the same reason.
     """
     check_choice(kv_format, "kv_format", KV_FORMATS)
-    indptr = indptr_from_lengths(seq_lens)
+    layout = KvLayout.contiguous(seq_lens)
+    indptr = layout.kv_indptr
     rows = int(indptr[-1])
     rng = np.random.default_rng(seed)
     q = rng.standard_normal((indptr.shape[0] - 1, heads, D_QK), dtype=np.float32).astype(ml_dtypes.bfloat16)
@@ -98,7 +103,7 @@ def make_inputs(
     scales = np.concatenate([p.scales for p in parts]) if kv_format == "mxfp4" else None
     kv = KVCache(kv_format, data, scales=scales, fp8_scale=parts[0].fp8_scale,
                  fp8_variant=fp8_variant, dim=D_QK)
-    return DecodeInputs(q=q, kv=kv, kv_indptr=indptr, sm_scale=float(sm_scale))
+    return DecodeInputs(q=q, kv=kv, layout=layout, sm_scale=float(sm_scale))
 
 
 def random_seq_lens(rng: np.random.Generator, max_batch: int = 300, max_len: int = 20000) -> np.ndarray:

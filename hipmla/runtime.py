@@ -19,6 +19,7 @@ must not free its parent's handles).
 from __future__ import annotations
 
 import ctypes
+import functools
 import hashlib
 import importlib
 import json
@@ -29,7 +30,7 @@ import threading
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -812,6 +813,12 @@ class BoundLaunch:
                  shared_bytes: int = 0, stream=None) -> None:
         """Launch. The runtime copies the argument bytes when the launch is enqueued, so
         the struct's fields may change as soon as this returns."""
+        self.prepare(grid, block, shared_bytes, stream)()
+
+    def prepare(self, grid: tuple[int, int, int], block: tuple[int, int, int],
+                shared_bytes: int = 0, stream=None) -> Callable[[], None]:
+        """This launch with its shape and stream resolved now: calling the result is one
+        C call (the decode hot path builds it once per argument set)."""
         gx, gy, gz = grid
         bx, by, bz = block
         if gx < 1 or gy < 1 or gz < 1:
@@ -826,13 +833,22 @@ class BoundLaunch:
         fn = self.function
         launch = _c_launcher()
         if launch is None:
-            check(hip.hipModuleLaunchKernel(fn.handle, gx, gy, gz, bx, by, bz, shared_bytes,
-                                            _stream_handle(stream), None, self.extra_address))
-            return
-        status = launch(fn.address, gx, gy, gz, bx, by, bz, shared_bytes,
-                        _stream_address(stream), None, self.extra_address)
-        if status:
-            raise _error_for(hip.hipError_t(status))
+            handle, extra = fn.handle, self.extra_address
+
+            def run_hip_python() -> None:
+                check(hip.hipModuleLaunchKernel(handle, gx, gy, gz, bx, by, bz, shared_bytes,
+                                                _stream_handle(stream), None, extra))
+
+            return run_hip_python
+        call = functools.partial(launch, fn.address, gx, gy, gz, bx, by, bz, shared_bytes,
+                                 _stream_address(stream), None, self.extra_address)
+
+        def run() -> None:
+            status = call()
+            if status:
+                raise _error_for(hip.hipError_t(status))
+
+        return run
 
 
 class Function:

@@ -30,14 +30,13 @@ from hipmla.kernels import (
     DecodeParams,
     KernelSpec,
     all_kernels,
-    combine_kernel,
-    grid_combine,
-    grid_split,
+    grid_decode,
     hip_src_dir,
     split_kernel,
     translation_unit,
 )
-from hipmla.plan import make_plan
+from hipmla.paging import KvLayout, random_page_table, scatter
+from hipmla.schedule import SplitPolicy, schedule
 
 CLANG = shutil.which("clang++-22")
 READELF = shutil.which("llvm-readelf-22")
@@ -60,9 +59,8 @@ def test_constants_match_config_header():
 
 def test_all_kernels_are_every_specialisation():
     specs = all_kernels()
-    assert len(specs) == 10
-    assert len({s.symbol for s in specs}) == 10
-    assert specs[-1] == combine_kernel()
+    assert len(specs) == 9
+    assert len({s.symbol for s in specs}) == 9
     s = split_kernel("mxfp4", "fp8")
     assert s.symbol == "hipmla_decode_split_mxfp4_qfp8"
     assert s.source == "decode/split.hip"
@@ -83,8 +81,7 @@ def test_options_carry_specialisation_and_fp8_variant():
     [
         (lambda: split_kernel("int4", "bf16"), "kv_format"),
         (lambda: split_kernel("bf16", "fp16"), "q_precision"),
-        (lambda: grid_split(0), "n_work"),
-        (lambda: grid_combine(-1), "batch"),
+        (lambda: grid_decode(0), "max_items"),
         (lambda: split_kernel("bf16", "bf16").options(""), "arch"),
         (lambda: translation_unit("decode/nope.hip"), "source"),
     ],
@@ -100,17 +97,17 @@ def test_unknown_format_lists_allowed_values():
 
 
 def test_grids():
-    assert grid_split(37) == (37, 1, 1)
-    assert grid_combine(5) == (5, 1, 1)
+    assert grid_decode(37) == (37, 1, 1)
 
 
 def test_translation_unit_inlines_each_header_once():
-    for spec in (split_kernel("bf16", "bf16"), combine_kernel()):
+    for spec in (split_kernel("bf16", "bf16"),):
         tu = translation_unit(spec.source)
         assert '#include "' not in tu
         assert "#pragma once" not in tu
         assert tu.count("struct MlaDecodeParams {") == 1
         assert tu.count("HIPMLA_DEVICE float bf16_to_f32") == 1
+        assert tu.count("struct KvRows {") == 1 and tu.count("struct WorkItem {") == 1
         assert spec.symbol in tu or "HIPMLA_SPLIT_NAME" in tu
 
 
@@ -390,6 +387,12 @@ inline float f32_from_bits(unsigned u) { return __builtin_bit_cast(float, u); }
 inline unsigned bits_from_f32(float x) { return __builtin_bit_cast(unsigned, x); }
 inline float exp2_f32(float x) { return std::exp2(x); }
 inline float log2_f32(float x) { return std::log2(x); }
+inline void fence_release_device() { std::atomic_thread_fence(std::memory_order_release); }
+inline void fence_acquire_device() { std::atomic_thread_fence(std::memory_order_acquire); }
+inline int atomic_add_device(int* p, int v) { return std::atomic_ref<int>(*p).fetch_add(v); }
+inline void atomic_store_device(int* p, int v) { std::atomic_ref<int>(*p).store(v); }
+inline f32x4 load_coherent(const f32x4* p) { return *p; }
+inline float load_coherent(const float* p) { return *p; }
 }  // namespace hipmla
 """
 
@@ -437,33 +440,40 @@ def _ptr(a: np.ndarray | None) -> int | None:
     return None if a is None else a.ctypes.data
 
 
-def run_on_host(host_kernels, q, kv: KVCache, plan, sm_scale: float, q_precision: str, arch: str):
-    batch = plan.batch
+def run_on_host(host_kernels, q, kv: KVCache, layout: KvLayout, policy: SplitPolicy, sm_scale: float,
+                q_precision: str, arch: str):
+    """The portable kernel over the whole grid, on the CPU; returns (out f32, lse, counters)."""
+    batch = layout.batch
     out = np.full((batch, 16, 512), 0x7FC1, dtype=np.uint16)  # NaN: unwritten output shows
     lse = np.full((batch, 16), np.nan, dtype=np.float32)
-    n_slots = max(plan.n_slots, 1)
-    part_acc = np.full((n_slots, 16, 512), np.nan, dtype=np.float32)
-    part_ml = np.full((n_slots, 16, 2), np.nan, dtype=np.float32)
-    keep = [q, kv.data, kv.scales, plan.kv_indptr, plan.work, plan.seq_slots]
+    grid = policy.max_items(batch)
+    part_acc = np.full((grid, 16, 512), np.nan, dtype=np.float32)
+    part_ml = np.full((grid, 16, 2), np.nan, dtype=np.float32)
+    counters = np.zeros(batch, dtype=np.int32)
+    indptr = np.ascontiguousarray(layout.kv_indptr, dtype=np.int32)
+    indices = None if not layout.paged else np.ascontiguousarray(layout.kv_indices, dtype=np.int32)
+    last = None if not layout.paged else np.ascontiguousarray(layout.kv_last_page_len, dtype=np.int32)
+    keep = [q, kv.data, kv.scales, indptr, indices, last]
     p = DecodeParams(
-        q=_ptr(q), kv=_ptr(kv.data), kv_scale=_ptr(kv.scales), kv_indptr=_ptr(plan.kv_indptr),
-        work=_ptr(plan.work), seq_slots=_ptr(plan.seq_slots), part_acc=_ptr(part_acc),
-        part_ml=_ptr(part_ml), out=_ptr(out), lse=_ptr(lse),
+        q=_ptr(q), kv=_ptr(kv.data), kv_scale=_ptr(kv.scales), kv_indptr=_ptr(indptr),
+        kv_indices=_ptr(indices), kv_last_page_len=_ptr(last), counters=_ptr(counters),
+        part_acc=_ptr(part_acc), part_ml=_ptr(part_ml), out=_ptr(out), lse=_ptr(lse),
         sm_scale_log2=np.float32(np.float32(sm_scale) * np.float32(1.4426950408889634)),
         kv_fp8_scale=kv.fp8_scale if kv.format == "fp8" else 1.0,
         stride_kv_scale=kv.scales.shape[1] if kv.scales is not None else 0,
-        batch=batch, n_work=plan.n_work,
+        batch=batch, page_shift=layout.page_size.bit_length() - 1,
+        split_target=policy.target_items, split_min_tokens=policy.min_split_tokens,
+        split_align=policy.align_tokens, fast_tile=policy.fast_tile,
     )
-    host_kernels(split_kernel(kv.format, q_precision), arch)(p, grid_split(plan.n_work)[0], 256)
-    if plan.needs_combine:
-        host_kernels(combine_kernel(), arch)(p, grid_combine(batch)[0], 256)
+    host_kernels(split_kernel(kv.format, q_precision), arch)(p, grid_decode(grid)[0], 256)
     del keep
-    return out.view(ml_dtypes.bfloat16).astype(np.float32), lse
+    return out.view(ml_dtypes.bfloat16).astype(np.float32), lse, counters
 
 
 # Lengths that hit the empty sequence, a single token, exact tiles, partial tails and
 # sequences split into several items (align 64 so splits are short here).
 LENS = [0, 1, 64, 65, 130, 300, 37]
+POLICY = SplitPolicy(target_items=8, min_split_tokens=64, align_tokens=64)
 
 
 def _case(kv_format: str, fp8_variant: str, seed: int):
@@ -476,10 +486,10 @@ def _case(kv_format: str, fp8_variant: str, seed: int):
         # Random codes: every e4m3 / E2M1 value incl. subnormals, varied block scales,
         # a padded scale row (24 bytes) as real producers write it.
         kv = random_cache(rows, kv_format, rng, fp8_variant=fp8_variant, scale_stride=24)
-    plan = make_plan(LENS, num_cus=4, min_split_tokens=64, align_tokens=64)
+    items = schedule(LENS, POLICY)
     # Split items with partial tails (64..130, 192..300) and whole-sequence items.
-    assert plan.n_slots == 5 and (plan.work[:, 3] == -1).sum() == 5
-    return q, kv, plan
+    assert (items.n_items > 1).sum() == 5 and (items.n_items == 1).sum() == 5
+    return q, kv, KvLayout.contiguous(LENS)
 
 
 @pytest.mark.parametrize(
@@ -495,11 +505,13 @@ def _case(kv_format: str, fp8_variant: str, seed: int):
 )
 def test_kernels_on_cpu_match_emulator(host_kernels, kv_format, q_precision, arch):
     fp8_variant = "e4m3fnuz" if arch == "gfx942" else "e4m3fn"
-    q, kv, plan = _case(kv_format, fp8_variant, seed=len(kv_format) * 7 + len(q_precision))
+    q, kv, layout = _case(kv_format, fp8_variant, seed=len(kv_format) * 7 + len(q_precision))
     sm_scale = 1 / 24
-    out, lse = run_on_host(host_kernels, q, kv, plan, sm_scale, q_precision, arch)
-    ref_out, ref_lse = emulate_decode(q, kv, plan, sm_scale, q_precision=q_precision)
+    out, lse, counters = run_on_host(host_kernels, q, kv, layout, POLICY, sm_scale, q_precision, arch)
+    ref_out, ref_lse = emulate_decode(q, kv, layout, sm_scale, POLICY, q_precision=q_precision)
     ref_out = ref_out.astype(np.float32)
+
+    assert (counters == 0).all()  # every merger reset its sequence's counter
 
     assert np.isfinite(out).all() and not np.isnan(lse).any()
     empty = np.array(LENS) == 0
@@ -509,6 +521,23 @@ def test_kernels_on_cpu_match_emulator(host_kernels, kv_format, q_precision, arc
     # a bf16 rounding boundary may round the other way: rare one-ulp differences.
     np.testing.assert_allclose(out, ref_out, rtol=1e-2, atol=1e-3)
     assert np.mean(out != ref_out) < 2e-3
+
+
+@pytest.mark.parametrize("kv_format, page_size", [("mxfp4", 1), ("fp8", 16), ("bf16", 64)])
+def test_paged_cache_on_cpu_is_bit_identical_to_contiguous(host_kernels, kv_format, page_size):
+    """The same tokens through a page table (random page order, spare pages in the
+    pool) and laid out contiguously: the same bits out, and both as the emulator says."""
+    q, kv, contiguous = _case(kv_format, "e4m3fn", seed=page_size)
+    rng = np.random.default_rng(page_size + 1)
+    paged = random_page_table(LENS, page_size, rng, spare_pages=3)
+    pool = scatter(kv, paged)
+    out_c, lse_c, _ = run_on_host(host_kernels, q, kv, contiguous, POLICY, 1 / 24, "bf16", "gfx950")
+    out_p, lse_p, counters = run_on_host(host_kernels, q, pool, paged, POLICY, 1 / 24, "bf16", "gfx950")
+    assert np.array_equal(out_c.view(np.uint32), out_p.view(np.uint32))
+    assert np.array_equal(lse_c.view(np.uint32), lse_p.view(np.uint32))
+    assert (counters == 0).all()
+    ref_out, _ = emulate_decode(q, pool, paged, 1 / 24, POLICY)
+    assert np.mean(out_p != ref_out.astype(np.float32)) < 2e-3
 
 
 def test_gfx942_fast_kernels_take_bf16_q_for_every_cache():
