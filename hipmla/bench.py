@@ -4,7 +4,10 @@ For each KV format and shape: median and min device time (events) over many call
 with and without an L2 flush before each call; achieved GB/s from the bytes the call
 must move (KV rows, Q, output, LSE, split partials written and read back, work list);
 that as a % of the device's datasheet peak and of a device-to-device copy measured in
-the same run; and the host time of one ``Decoder.run`` (the Python launch path).
+the same run; and the host time of one ``Decoder.run`` — a whole serving step, since the
+split is scheduled inside the decode launch — three ways: the same buffer objects every
+step, new views of the same buffers every step (torch tensors where torch is there,
+else new interface objects), and raw addresses.
 Where torch is importable, a straightforward torch bf16 decode on the same inputs is
 timed the same way, for a peer comparison.
 
@@ -33,7 +36,8 @@ from hipmla import runtime
 from hipmla.decode import Decoder
 from hipmla.formats import KV_FORMATS
 from hipmla.inputs import BENCH_SM_SCALE, benchmark_shapes, random_cache
-from hipmla.plan import indptr_from_lengths
+from hipmla.paging import KvLayout, random_page_table, scatter
+from hipmla.schedule import schedule
 
 #: Datasheet peak HBM bandwidth, GB/s (MI355X, MI300X, H200 SXM).
 PEAK_GBS = {"gfx950": 8000.0, "gfx942": 5300.0, "sm_90": 4800.0}
@@ -56,7 +60,10 @@ class BenchRow:
     gbs: float  # from the flushed median
     pct_peak: float
     pct_copy: float
-    host_us: float
+    host_us: float  # one run() with the same buffer objects
+    host_views_us: float  # one run() with new views of the same buffers
+    host_raw_us: float  # one run() with raw addresses
+    page_size: int = 0  # 0: contiguous rows
 
 
 def ragged_mixes() -> dict[str, np.ndarray]:
@@ -68,13 +75,15 @@ def ragged_mixes() -> dict[str, np.ndarray]:
     }
 
 
-def bytes_moved(kv_format: str, tokens: int, batch: int, scale_stride: int, n_work: int,
-                n_slots: int, heads: int = 16) -> int:
+def bytes_moved(kv_format: str, tokens: int, batch: int, scale_stride: int, n_slots: int,
+                heads: int = 16, page_size: int = 0) -> int:
+    """What a step must move: KV rows, Q, output + LSE, partials written and read back,
+    the lengths (and page table) every block reads."""
     per_token = {"bf16": 1152, "fp8": 576, "mxfp4": 288 + scale_stride}[kv_format]
     q = batch * heads * 576 * 2
     out = batch * heads * (512 * 2 + 4)
     partials = 2 * n_slots * heads * (512 + 2) * 4
-    meta = n_work * 16 + (batch + 1) * 8
+    meta = (batch + 1) * 4 + (batch * 4 + -(-tokens // page_size) * 4 if page_size else 0)
     return tokens * per_token + q + out + partials + meta
 
 
@@ -106,17 +115,40 @@ class Timer:
         return 2 * n / (statistics.median(t) * 1e-6) / 1e9
 
 
-def host_overhead_us(fn, calls: int = 300) -> float:
-    """Median CPU time of one call of ``fn`` (launches only; the queue drains every 50)."""
+def host_overhead_us(fn, calls: int = 300, args=None) -> float:
+    """Median CPU time of one call of ``fn`` (launches only; the queue drains every 50).
+    With ``args``, call ``i`` is ``fn(args[i])`` (argument objects made before timing)."""
     samples = []
     for i in range(calls):
+        a = None if args is None else args[i]
         t0 = time.perf_counter_ns()
-        fn()
+        fn() if args is None else fn(a)
         samples.append((time.perf_counter_ns() - t0) / 1e3)
         if i % 50 == 49:
             runtime.synchronize()
     runtime.synchronize()
     return statistics.median(samples)
+
+
+class _View:
+    """A new interface object over the same memory, as a caller without torch makes."""
+
+    def __init__(self, arr):
+        self.__cuda_array_interface__ = dict(arr.__cuda_array_interface__)
+
+
+def fresh_views(bufs: dict, calls: int) -> list[dict]:
+    """``calls`` sets of new views of the same device buffers: torch tensors over them
+    where torch is importable (what a torch-based caller passes each step), else new
+    interface objects."""
+    try:
+        import torch
+
+        made = {k: torch.as_tensor(v, device="cuda") for k, v in bufs.items() if v is not None}
+        return [{k: (made[k].view(made[k].shape) if k in made else None) for k in bufs}
+                for _ in range(calls)]
+    except (ImportError, RuntimeError, TypeError):
+        return [{k: (_View(v) if v is not None else None) for k, v in bufs.items()} for _ in range(calls)]
 
 
 def torch_peer(q_np: np.ndarray, kv_bits: np.ndarray, lens: np.ndarray, timer: Timer, iters: int):
@@ -165,13 +197,15 @@ def git_commit() -> str:
 
 
 def run_bench(formats, iters: int, device: int, with_torch: bool, out_dir: Path | None,
-              only: set[str] | None = None) -> list[BenchRow]:
+              only: set[str] | None = None, page_size: int = 0) -> list[BenchRow]:
     info = runtime.device_info(device)
     timer = Timer(info.l2_bytes)
     copy_gbs = timer.copy_gbs()
     peak = PEAK_GBS.get(info.arch, info.peak_bandwidth_gbs)
+    layout_name = f"paged, {page_size} rows a page, pages in random order" if page_size else "contiguous rows"
     print(f"hipmla bench: {info.name} ({info.arch}, {info.num_cus} CUs), peak {peak:.0f} GB/s "
-          f"(datasheet), measured device copy {copy_gbs:.0f} GB/s, commit {git_commit()}", flush=True)
+          f"(datasheet), measured device copy {copy_gbs:.0f} GB/s, cache {layout_name}, "
+          f"commit {git_commit()}", flush=True)
     shapes = [(s.name, s.seq_lens) for s in benchmark_shapes()] + list(ragged_mixes().items())
     if only:
         shapes = [(n, l) for n, l in shapes if n in only]
@@ -181,46 +215,57 @@ def run_bench(formats, iters: int, device: int, with_torch: bool, out_dir: Path 
     peer: dict[str, float] = {}
     for fmt in formats:
         print(f"  generating a {max_rows}-row {fmt} cache...", file=sys.stderr, flush=True)
-        dec = Decoder(fmt, BENCH_SM_SCALE, device=device)
+        dec = Decoder(fmt, BENCH_SM_SCALE, device=device, max_batch=max(l.shape[0] for _, l in shapes))
         kv = random_cache(max_rows, fmt, rng, fp8_variant=dec.fp8_variant)
-        d_kv = runtime.DeviceArray.from_host(kv.data)
-        d_sc = runtime.DeviceArray.from_host(kv.scales) if fmt == "mxfp4" else None
         stride = kv.scales.shape[1] if fmt == "mxfp4" else 0
         for name, lens in shapes:
             b = lens.shape[0]
+            layout = random_page_table(lens, page_size, rng) if page_size else KvLayout.contiguous(lens)
+            cache = scatter(kv, layout) if page_size else kv
             q = rng.standard_normal((b, 16, 576), dtype=np.float32).astype(ml_dtypes.bfloat16)
-            d_q = runtime.DeviceArray.from_host(q.view(np.uint16))
-            d_ind = runtime.DeviceArray.from_host(indptr_from_lengths(lens))
-            d_out = runtime.DeviceArray((b, 16, 512), np.uint16)
-            d_lse = runtime.DeviceArray((b, 16), np.float32)
-            plan = dec.plan(lens)
+            host = {"q": q.view(np.uint16), "kv": cache.data, "kv_indptr": layout.kv_indptr,
+                    "kv_indices": layout.kv_indices, "kv_last_page_len": layout.kv_last_page_len,
+                    "kv_scale": cache.scales}
+            bufs = {k: runtime.DeviceArray.from_host(np.ascontiguousarray(v)) if v is not None else None
+                    for k, v in host.items()}
+            bufs["out"] = runtime.DeviceArray((b, 16, 512), np.uint16)
+            bufs["lse"] = runtime.DeviceArray((b, 16), np.float32)
+            extra = dict(page_size=layout.page_size, fp8_scale=kv.fp8_scale if fmt == "fp8" else None)
 
-            def call():
-                dec.run(plan, d_q, d_kv, d_ind, d_out, kv_scale=d_sc, lse=d_lse,
-                        fp8_scale=kv.fp8_scale if fmt == "fp8" else None)
+            def call(args=bufs):
+                dec.run(**args, **extra)
+
+            raw = {k: (v.ptr if v is not None else None) for k, v in bufs.items()}
+
+            def call_raw():
+                dec.run(**raw, **extra, batch=b, kv_scale_stride=stride or None)
 
             hot = timer.time(call, iters, flush=False)
             cold = timer.time(call, iters, flush=True)
-            host = host_overhead_us(call)
-            moved = bytes_moved(fmt, int(lens.sum()), b, stride, plan.plan.n_work, plan.plan.n_slots)
+            host_same = host_overhead_us(call)
+            views = fresh_views(bufs, 300)
+            host_views = host_overhead_us(call, args=views)
+            host_raw = host_overhead_us(call_raw)
+            items = schedule(lens, dec.policy)
+            n_slots = int((items.n_items > 1).sum())
+            moved = bytes_moved(fmt, int(lens.sum()), b, stride, n_slots, page_size=page_size)
             med = statistics.median(cold)
             gbs = moved / (med * 1e-6) / 1e9
-            row = BenchRow(dec._split.symbol, fmt, name, b, int(lens.sum()), plan.plan.n_work,
-                           plan.plan.n_slots, moved, statistics.median(hot), min(hot), med, min(cold),
-                           gbs, 100 * gbs / peak, 100 * gbs / copy_gbs, host)
+            row = BenchRow(dec._split.symbol, fmt, name, b, int(lens.sum()), items.size, n_slots, moved,
+                           statistics.median(hot), min(hot), med, min(cold), gbs, 100 * gbs / peak,
+                           100 * gbs / copy_gbs, host_same, host_views, host_raw, page_size)
             rows.append(row)
             print(f"  {fmt:>5} {name:>10}: {med:9.1f} us flushed, {gbs:7.0f} GB/s "
-                  f"({row.pct_peak:.1f}% of peak), host {host:.1f} us", file=sys.stderr, flush=True)
+                  f"({row.pct_peak:.1f}% of peak), host {host_same:.1f} / {host_views:.1f} / {host_raw:.1f} us "
+                  f"(same / views / raw)", file=sys.stderr, flush=True)
             if with_torch and fmt == "bf16" and name not in peer:
                 t = torch_peer(q, kv.data, lens, timer, max(iters // 2, 5))
                 if t is not None:
                     peer[name] = t
-            dec.release(plan)
-            for a in (d_q, d_ind, d_out, d_lse):
-                a.free()
-        d_kv.free()
-        if d_sc is not None:
-            d_sc.free()
+            del views
+            for a in bufs.values():
+                if a is not None:
+                    a.free()
         dec.close()
     print_table(rows, peer)
     if out_dir is not None:
@@ -230,14 +275,16 @@ def run_bench(formats, iters: int, device: int, with_torch: bool, out_dir: Path 
 
 def print_table(rows: list[BenchRow], peer: dict[str, float]) -> None:
     head = (f"{'kv':>5} {'shape':>10} {'tokens':>8} {'items':>5} {'MB':>8} {'med_us':>9} {'min_us':>9} "
-            f"{'L2cold_us':>9} {'GB/s':>6} {'%peak':>6} {'%copy':>6} {'host_us':>7} {'torch_bf16_us':>13} {'speedup':>7}")
+            f"{'L2cold_us':>9} {'GB/s':>6} {'%peak':>6} {'%copy':>6} {'host_same':>9} {'host_views':>10} "
+            f"{'host_raw':>8} {'torch_bf16_us':>13} {'speedup':>7}")
     print(head)
     for r in rows:
         t = peer.get(r.shape)
         extra = f"{t:13.1f} {t / r.flushed_median_us:7.2f}" if t is not None else f"{'-':>13} {'-':>7}"
         print(f"{r.kv_format:>5} {r.shape:>10} {r.tokens:>8} {r.n_work:>5} {r.bytes_moved / 1e6:8.1f} "
               f"{r.median_us:9.1f} {r.min_us:9.1f} {r.flushed_median_us:9.1f} {r.gbs:6.0f} "
-              f"{r.pct_peak:6.1f} {r.pct_copy:6.1f} {r.host_us:7.1f} {extra}")
+              f"{r.pct_peak:6.1f} {r.pct_copy:6.1f} {r.host_us:9.1f} {r.host_views_us:10.1f} "
+              f"{r.host_raw_us:8.1f} {extra}")
 
 
 def write_files(rows, peer, out_dir: Path, info, copy_gbs: float, peak: float) -> None:
@@ -261,6 +308,8 @@ def main(argv: list[str]) -> int:
     p.add_argument("--shapes", default=None,
                    help="comma-separated subset, e.g. 4x1k,256x8k,rag64 (default: all)")
     p.add_argument("--out", type=Path, default=None, help="folder for bench.json and bench.csv")
+    p.add_argument("--page-size", type=int, default=0,
+                   help="0: contiguous cache (default); 1..128 (a power of two): a paged cache, pages in random order")
     a = p.parse_args(argv)
     if not runtime.available():
         print("hipmla bench: no GPU reachable through hip-python", file=sys.stderr)
@@ -270,5 +319,7 @@ def main(argv: list[str]) -> int:
     only = set(a.shapes.split(",")) if a.shapes else None
     if only and not only <= set(known):
         p.error(f"--shapes: unknown {sorted(only - set(known))}; known: {', '.join(known)}")
-    run_bench(formats, a.iters, a.device, not a.no_torch, a.out, only)
+    if a.page_size and a.page_size not in (1, 2, 4, 8, 16, 32, 64, 128):
+        p.error(f"--page-size: expected 0 or a power of two in 1..128, got {a.page_size}")
+    run_bench(formats, a.iters, a.device, not a.no_torch, a.out, only, a.page_size)
     return 0

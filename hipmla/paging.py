@@ -114,10 +114,15 @@ class KvLayout:
 
     def check_cache(self, rows: int, name: str = "kv") -> None:
         """Every row the batch reads lies inside a cache of ``rows`` rows."""
-        top = self.max_row()
-        if top >= rows:
-            what = "pages" if self.paged else "sequences"
-            raise ValueError(f"{name}: the batch's {what} reach row {top}, the cache has {rows} rows")
+        if self.max_row() < rows:
+            return
+        if not self.paged:
+            raise ValueError(f"kv_indptr: last entry {int(self.kv_indptr[-1])} exceeds the {rows} rows "
+                             f"of the KV cache ({name})")
+        used = np.asarray(self.kv_indices[: int(self.kv_indptr[-1])], dtype=np.int64)
+        bad = int(np.flatnonzero((used + 1) * self.page_size > rows)[0])
+        raise ValueError(f"kv_indices: page {int(used[bad])} (kv_indices[{bad}]) ends past the {rows} rows "
+                         f"of the KV cache ({name}) at {self.page_size} rows a page")
 
 
 def as_layout(layout_or_indptr) -> KvLayout:

@@ -10,12 +10,15 @@ from hipmla import bench
 
 def test_bytes_moved_counts_cache_rows_and_partials():
     # 4 sequences x 1024 tokens, mxfp4 with the padded 24-byte scale rows, no splits
-    base = bench.bytes_moved("mxfp4", 4096, 4, 24, n_work=4, n_slots=0)
-    assert base == 4096 * (288 + 24) + 4 * 16 * 576 * 2 + 4 * 16 * (1024 + 4) + 4 * 16 + 5 * 8
-    # every split slot is written once and read once by the combine kernel
-    split = bench.bytes_moved("mxfp4", 4096, 4, 24, n_work=4, n_slots=8)
+    base = bench.bytes_moved("mxfp4", 4096, 4, 24, n_slots=0)
+    assert base == 4096 * (288 + 24) + 4 * 16 * 576 * 2 + 4 * 16 * (1024 + 4) + 5 * 4
+    # every split slot is written once and read once by the merging block
+    split = bench.bytes_moved("mxfp4", 4096, 4, 24, n_slots=8)
     assert split - base == 2 * 8 * 16 * 514 * 4
-    assert bench.bytes_moved("bf16", 10, 1, 0, 1, 0) - bench.bytes_moved("fp8", 10, 1, 0, 1, 0) == 10 * 576
+    assert bench.bytes_moved("bf16", 10, 1, 0, 0) - bench.bytes_moved("fp8", 10, 1, 0, 0) == 10 * 576
+    # a page table: one int per page and the last-page lengths
+    paged = bench.bytes_moved("mxfp4", 4096, 4, 24, n_slots=0, page_size=16)
+    assert paged - base == 4096 // 16 * 4 + 4 * 4
 
 
 def test_ragged_mixes_are_ragged():
@@ -38,8 +41,16 @@ def test_short_benchmark_writes_table_and_files(tmp_path, capsys):
                            only={"4x1k", "rag64"})
     assert [r.shape for r in rows] == ["4x1k", "rag64"]
     for r in rows:
-        assert r.flushed_median_us > 0 and r.gbs > 0 and r.host_us > 0
+        assert r.flushed_median_us > 0 and r.gbs > 0
+        assert r.host_us > 0 and r.host_views_us > 0 and r.host_raw_us > 0
     data = json.loads((tmp_path / "bench.json").read_text())
     assert len(data["rows"]) == 2 and data["meta"]["copy_gbs"] > 0
     assert (tmp_path / "bench.csv").read_text().count("\n") == 3
     assert "GB/s" in capsys.readouterr().out
+
+
+@pytest.mark.gpu
+def test_paged_benchmark_runs(tmp_path):
+    rows = bench.run_bench(("fp8",), iters=3, device=0, with_torch=False, out_dir=None,
+                           only={"4x1k"}, page_size=16)
+    assert rows[0].page_size == 16 and rows[0].gbs > 0

@@ -22,7 +22,8 @@ from hipmla.emulate import (
 )
 from hipmla.formats import quantize_kv
 from hipmla.inputs import make_inputs
-from hipmla.plan import make_plan
+from hipmla.paging import gather, random_page_table, scatter
+from hipmla.schedule import SplitPolicy, schedule
 from hipmla.reference import mla_decode_reference
 
 # Ragged lengths with an empty sequence, a single token, partial tiles and several tiles.
@@ -53,11 +54,11 @@ BOUNDS = {"bf16": (4e-3, 3e-3), "fp8": (2e-2, 0.4), "mxfp4": (6e-2, 2.2)}
 
 def test_modelled_error_per_q_precision(case):
     inp, (ref_out, ref_lse) = case
-    plan = make_plan(inp.seq_lens, 80)
+    policy = SplitPolicy.for_device(80)
     live = np.flatnonzero(inp.seq_lens > 0)
     errors = {}
     for qp, (out_bound, lse_bound) in BOUNDS.items():
-        out, lse = emulate_decode(inp.q, inp.kv, plan, inp.sm_scale, q_precision=qp)
+        out, lse = emulate_decode(inp.q, inp.kv, inp.layout, inp.sm_scale, policy, q_precision=qp)
         assert out.dtype == ml_dtypes.bfloat16 and out.shape == (len(LENS), 16, 512)
         assert lse.dtype == np.float32 and lse.shape == (len(LENS), 16)
         errors[qp] = rel_l2(out[live].astype(np.float32), ref_out[live])
@@ -70,13 +71,13 @@ def test_modelled_error_per_q_precision(case):
 
 def test_plans_with_different_cu_counts_agree(case):
     inp, _ = case
-    one = make_plan(inp.seq_lens, 1, items_per_cu=1)
-    many = make_plan(inp.seq_lens, 304, min_split_tokens=128)
-    assert one.n_work == len(LENS) and not one.needs_combine
-    assert list(many.splits_per_seq()) == [3, 1, 1, 1, 1, 6, 1]  # one split per 128 tokens
+    one = SplitPolicy(target_items=1, min_split_tokens=1 << 20)
+    many = SplitPolicy(target_items=608, min_split_tokens=128)
+    assert schedule(inp.seq_lens, one).size == len(LENS)
+    assert list(np.bincount(schedule(inp.seq_lens, many).seq)) == [3, 1, 1, 1, 1, 6, 1]  # one per 128 tokens
     for qp in ("bf16", "mxfp4"):
-        out1, lse1 = emulate_decode(inp.q, inp.kv, one, inp.sm_scale, q_precision=qp)
-        out2, lse2 = emulate_decode(inp.q, inp.kv, many, inp.sm_scale, q_precision=qp)
+        out1, lse1 = emulate_decode(inp.q, inp.kv, inp.layout, inp.sm_scale, one, q_precision=qp)
+        out2, lse2 = emulate_decode(inp.q, inp.kv, inp.layout, inp.sm_scale, many, q_precision=qp)
         o1, o2 = out1.astype(np.float32), out2.astype(np.float32)
         # measured: 6e-4 of the output scale, 4e-4 in LSE
         assert np.abs(o1 - o2).max() <= 1e-2 * np.abs(o1).max()
@@ -86,10 +87,10 @@ def test_plans_with_different_cu_counts_agree(case):
 
 def test_seqs_subset_equals_full_rows(case):
     inp, _ = case
-    plan = make_plan(inp.seq_lens, 132)
-    out, lse = emulate_decode(inp.q, inp.kv, plan, inp.sm_scale)
+    policy = SplitPolicy.for_device(132)
+    out, lse = emulate_decode(inp.q, inp.kv, inp.layout, inp.sm_scale, policy)
     sel = [5, 1, 0]
-    sub_out, sub_lse = emulate_decode(inp.q, inp.kv, plan, inp.sm_scale, seqs=sel)
+    sub_out, sub_lse = emulate_decode(inp.q, inp.kv, inp.layout, inp.sm_scale, policy, seqs=sel)
     np.testing.assert_array_equal(sub_out.view(np.uint16), out[sel].view(np.uint16))
     np.testing.assert_array_equal(sub_lse, lse[sel])
 
@@ -97,11 +98,11 @@ def test_seqs_subset_equals_full_rows(case):
 def test_empty_sequences_give_zero_and_neg_inf():
     inp = make_inputs([0, 5, 0], "mxfp4", seed=22, heads=4)
     for cus in (1, 256):
-        out, lse = emulate_decode(inp.q, inp.kv, make_plan(inp.seq_lens, cus), inp.sm_scale)
+        out, lse = emulate_decode(inp.q, inp.kv, inp.layout, inp.sm_scale, SplitPolicy.for_device(cus))
         assert (out[[0, 2]].astype(np.float32) == 0).all() and np.isneginf(lse[[0, 2]]).all()
         assert np.isfinite(lse[1]).all() and np.abs(out[1].astype(np.float32)).max() > 0
     only_empty = make_inputs([0], "bf16", seed=22, heads=2)
-    out, lse = emulate_decode(only_empty.q, only_empty.kv, make_plan([0], 8), 0.1)
+    out, lse = emulate_decode(only_empty.q, only_empty.kv, only_empty.layout, 0.1, SplitPolicy.for_device(8))
     assert out.shape == (1, 2, 512) and (out.astype(np.float32) == 0).all() and np.isneginf(lse).all()
 
 
@@ -110,7 +111,7 @@ def test_single_token_returns_bf16_of_v(fmt):
     # One token: m = s, p = bf16(exp2(0)) = 1, l = 1, acc = v, so out = bf16(v) and
     # lse = s * ln 2 = sm_scale * (q . k) up to the f32 roundings of the score.
     inp = make_inputs([2, 1], fmt, seed=23, heads=16, sm_scale=0.05)
-    out, lse = emulate_decode(inp.q, inp.kv, make_plan(inp.seq_lens, 8), 0.05)
+    out, lse = emulate_decode(inp.q, inp.kv, inp.layout, 0.05, SplitPolicy.for_device(8))
     row = inp.kv.dequantize(slice(2, 3))[0]
     want = np.broadcast_to(row[:512].astype(ml_dtypes.bfloat16), (16, 512))
     # compared as values: the f32 accumulator turns a cache's -0 into +0, as the device does
@@ -130,7 +131,7 @@ def test_probabilities_are_rounded_to_bf16():
     kv = quantize_kv(k, "bf16")
     q = np.zeros((1, 1, 576), np.float32)
     q[0, 0, 512] = 1.0
-    out, lse = emulate_decode(q, kv, make_plan([2], 1), 1.0)
+    out, lse = emulate_decode(q, kv, np.array([0, 2], np.int32), 1.0, SplitPolicy.for_device(1))
     c = np.float32(np.float32(1.0) * np.float32(math.log2(math.e)))
     p1 = np.float32(np.float32(2.0 ** float(np.float32(t) * c)).astype(ml_dtypes.bfloat16))
     l = np.float32(1) + p1
@@ -162,15 +163,15 @@ def test_quantize_q():
 
 def test_argument_errors():
     inp = make_inputs([3, 4], "bf16", seed=25, heads=2)
-    plan = make_plan(inp.seq_lens, 8)
+    policy = SplitPolicy.for_device(8)
     with pytest.raises(ValueError, match=r"q: .*2 from kv_indptr.*1"):
-        emulate_decode(inp.q[:1], inp.kv, plan, 0.1)
+        emulate_decode(inp.q[:1], inp.kv, inp.layout, 0.1, policy)
     with pytest.raises(ValueError, match=r"sm_scale: "):
-        emulate_decode(inp.q, inp.kv, plan, -1.0)
+        emulate_decode(inp.q, inp.kv, inp.layout, -1.0, policy)
     with pytest.raises(ValueError, match=r"kv_indptr: last entry 9 exceeds the 7 rows"):
-        emulate_decode(inp.q, inp.kv, make_plan([3, 6], 8), 0.1)
+        emulate_decode(inp.q, inp.kv, np.array([0, 3, 9], np.int32), 0.1, policy)
     with pytest.raises(ValueError, match=r"q_precision: "):
-        emulate_decode(inp.q, inp.kv, plan, 0.1, q_precision="fp4")
+        emulate_decode(inp.q, inp.kv, inp.layout, 0.1, policy, q_precision="fp4")
 
 
 # --- the gfx950 fast path (whole 128-token tiles, four waves per tile) ---------------
@@ -191,14 +192,14 @@ def test_fast_plan_error_per_q_precision(fast_case):
     relative L2 fp8 Q 1.1e-2 (max abs 9.4e-2), mxfp4 Q 4.0e-2 (max abs 0.31), the same
     as the portable path to 3 digits; bf16 Q (no fast kernel) would give 9.4e-4."""
     inp, (ref_out, ref_lse) = fast_case
-    fast = make_plan(inp.seq_lens, 64, fast_tile_tokens=128)
-    portable = make_plan(inp.seq_lens, 64)
-    assert fast.n_fast > 0 and fast.n_portable > 0
+    fast = SplitPolicy.for_device(64, fast_tile=128)
+    portable = SplitPolicy.for_device(64)
+    _has_fast_and_portable_items(inp.seq_lens, fast)
     live = np.flatnonzero(inp.seq_lens > 0)
     errors = {}
     for qp, bound in (("fp8", 2.5e-2), ("mxfp4", 8e-2)):
-        out_f, lse_f = emulate_decode(inp.q, inp.kv, fast, inp.sm_scale, q_precision=qp)
-        out_p, lse_p = emulate_decode(inp.q, inp.kv, portable, inp.sm_scale, q_precision=qp)
+        out_f, lse_f = emulate_decode(inp.q, inp.kv, inp.layout, inp.sm_scale, fast, q_precision=qp)
+        out_p, lse_p = emulate_decode(inp.q, inp.kv, inp.layout, inp.sm_scale, portable, q_precision=qp)
         errors[qp] = rel_l2(out_f[live].astype(np.float32), ref_out[live])
         assert errors[qp] < bound, f"q_precision={qp}: relative L2 error {errors[qp]:.2e}"
         f32_f, f32_p = out_f.astype(np.float32), out_p.astype(np.float32)
@@ -245,11 +246,40 @@ def test_fast_item_takes_whole_tiles_only():
         emulate_fast_item(q, np.zeros((100, 576), np.float32), np.float32(1))
 
 
-def test_schedule_must_match_the_plan(fast_case):
+def test_schedule_must_match_the_policy(fast_case):
     inp, _ = fast_case
-    plan = make_plan(inp.seq_lens, 64, fast_tile_tokens=128)
-    with pytest.raises(ValueError, match="fast_schedule: the plan's fast items are 128-token tiles"):
-        emulate_decode(inp.q, inp.kv, plan, inp.sm_scale, fast_schedule=FastSchedule(256, 4))
+    policy = SplitPolicy.for_device(64, fast_tile=128)
+    with pytest.raises(ValueError, match="fast_schedule: the policy's fast items are 128-token tiles"):
+        emulate_decode(inp.q, inp.kv, inp.layout, inp.sm_scale, policy, fast_schedule=FastSchedule(256, 4))
+
+
+def _has_fast_and_portable_items(lens, policy: SplitPolicy) -> None:
+    s = schedule(lens, policy)
+    length = s.end - s.begin
+    whole = (length > 0) & (length % policy.fast_tile == 0)
+    assert whole.any() and (~whole).any()
+
+
+@pytest.mark.parametrize("page_size", [1, 16, 64, 128])
+def test_paged_layout_gives_the_same_bits_as_contiguous(page_size):
+    """The emulator reads rows through the page table: a pool in random page order with
+    shared prefix pages gives exactly the output of the same tokens laid out in a row."""
+    rng = np.random.default_rng(page_size)
+    lens = np.array([0, 1, 300, 2049, 128, 77])
+    inp = make_inputs(lens, "mxfp4", seed=page_size)
+    layout = random_page_table(lens, page_size, rng, spare_pages=4)
+    pool = scatter(inp.kv, layout)
+    policy = SplitPolicy.for_device(8, fast_tile=128)
+    a = emulate_decode(inp.q, pool, layout, inp.sm_scale, policy, q_precision="fp8")
+    b = emulate_decode(inp.q, inp.kv, inp.layout, inp.sm_scale, policy, q_precision="fp8")
+    np.testing.assert_array_equal(a[0].view(np.uint16), b[0].view(np.uint16))
+    np.testing.assert_array_equal(a[1], b[1])
+    shared = random_page_table(lens, page_size, rng, shared=2)
+    pool2 = scatter(inp.kv, random_page_table(lens, page_size, rng))  # any pool with data
+    contiguous_kv, contiguous = gather(pool2, shared)
+    c = emulate_decode(inp.q, pool2, shared, inp.sm_scale, policy)
+    d = emulate_decode(inp.q, contiguous_kv, contiguous, inp.sm_scale, policy)
+    np.testing.assert_array_equal(c[0].view(np.uint16), d[0].view(np.uint16))
 
 
 # --- the gfx942 fast path (bf16 Q, every cache format, the same four-wave schedule) ----
@@ -264,12 +294,12 @@ def test_gfx942_fast_plan_error_per_cache(kv_format):
     |LSE - portable| <= 5.3e-4 (a different running max changes which P round where)."""
     inp = make_inputs(FAST_LENS, kv_format, seed=5, fp8_variant="e4m3fnuz")
     ref_out, ref_lse = mla_decode_reference(inp.q, inp.kv, inp.kv_indptr, inp.sm_scale)
-    fast = make_plan(inp.seq_lens, 304, fast_tile_tokens=GFX942_SCHEDULE.tile_tokens)
-    portable = make_plan(inp.seq_lens, 304)
-    assert fast.n_fast > 0 and fast.n_portable > 0
+    fast = SplitPolicy.for_device(304, fast_tile=GFX942_SCHEDULE.tile_tokens)
+    portable = SplitPolicy.for_device(304)
+    _has_fast_and_portable_items(inp.seq_lens, fast)
     live = np.flatnonzero(inp.seq_lens > 0)
-    out_f, lse_f = emulate_decode(inp.q, inp.kv, fast, inp.sm_scale, fast_schedule=FAST_SCHEDULES["gfx942"])
-    out_p, lse_p = emulate_decode(inp.q, inp.kv, portable, inp.sm_scale)
+    out_f, lse_f = emulate_decode(inp.q, inp.kv, inp.layout, inp.sm_scale, fast, fast_schedule=FAST_SCHEDULES["gfx942"])
+    out_p, lse_p = emulate_decode(inp.q, inp.kv, inp.layout, inp.sm_scale, portable)
     err_f = rel_l2(out_f[live].astype(np.float32), ref_out[live])
     err_p = rel_l2(out_p[live].astype(np.float32), ref_out[live])
     assert err_f < 4e-3, f"{kv_format}: relative L2 error {err_f:.2e}"

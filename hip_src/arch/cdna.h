@@ -1,10 +1,12 @@
 // Wave64 building blocks shared by the CDNA fast kernels (gfx942, gfx950): lane roles of
-// the 16x16 MFMA tiles and cross-lane reductions. Both architectures lay out every 16x16
-// f32 accumulator the same way (column = lane % 16, rows 4 * (lane / 16) + 0..3), and
-// A rows / B columns by lane % 16 (sources: arch/gfx942.h, arch/gfx950.h).
+// the 16x16 MFMA tiles, cross-lane reads and reductions, and the KV rows of a quarter
+// spread over the wave. Both architectures lay out every 16x16 f32 accumulator the same
+// way (column = lane % 16, rows 4 * (lane / 16) + 0..3), and A rows / B columns by
+// lane % 16 (sources: arch/gfx942.h, arch/gfx950.h).
 #pragma once
 
 #include "common/platform.h"
+#include "core/paged.h"
 
 namespace hipmla {
 namespace cdna {
@@ -14,16 +16,51 @@ constexpr int MFMA_N = 16;                 // rows and columns of every MFMA til
 constexpr int LANE_GROUPS = WAVE / MFMA_N; // lane / 16: the k-group of A/B, the row group of D
 
 HIPMLA_DEVICE int lane_id() { return int(thread_index()) % WAVE; }
+// lane_id() as a value the compiler cannot see through: what a loop body derives from it
+// is recomputed there, not hoisted out of the loop and held in registers across it (the
+// gfx950 kernel's 9 per-copy row and chunk indices would otherwise sit next to the
+// accumulators for the whole tile loop).
+HIPMLA_DEVICE int lane_id_fresh() {
+    int lane = lane_id();
+    asm volatile("" : "+v"(lane));
+    return lane;
+}
 HIPMLA_DEVICE int wave_id() { return __builtin_amdgcn_readfirstlane(int(thread_index()) / WAVE); }
 // lane_col: A row, B column, D column. lane_rowgroup: k-group of A/B, D rows 4g..4g+3.
 HIPMLA_DEVICE int lane_col() { return lane_id() % MFMA_N; }
 HIPMLA_DEVICE int lane_rowgroup() { return lane_id() / MFMA_N; }
 
-// x from the lane `lane_id() ^ MASK` (ds_bpermute: no LDS storage, any lane pattern).
+// x of lane `src` (0..63) of the wave (ds_bpermute: no LDS storage, any lane pattern;
+// every lane of the wave must be active).
+HIPMLA_DEVICE unsigned lane_read(unsigned x, int src) {
+    return unsigned(__builtin_amdgcn_ds_bpermute(src * 4, int(x)));
+}
+
+// x from the lane `lane_id() ^ MASK`.
 template <int MASK>
 HIPMLA_DEVICE float lane_xor(float x) {
-    const int src = (lane_id() ^ MASK) * 4;
-    return __builtin_bit_cast(float, __builtin_amdgcn_ds_bpermute(src, __builtin_bit_cast(int, x)));
+    return f32_from_bits(lane_read(bits_from_f32(x), lane_id() ^ MASK));
+}
+
+// The KV rows of a 32-token quarter (core/paged.h's row(token), 64-bit), spread over the
+// wave: lane l holds the row of the quarter's token l % 32 (lanes 32..63 repeat lanes
+// 0..31), so a quarter costs one page-table read per lane, which the kernels issue a
+// tile ahead; any lane gets the row of token r (0..31) with at(r), two ds_bpermute.
+constexpr int QUARTER_ROWS = 32;
+
+struct QuarterRows {
+    long long mine;
+
+    HIPMLA_DEVICE long long at(int r) const {
+        const unsigned long long lo = lane_read(unsigned(mine), r);
+        const unsigned long long hi = lane_read(unsigned((unsigned long long)mine >> 32), r);
+        return (long long)((hi << 32) | lo);
+    }
+};
+
+// The rows of the quarter whose first token is `token0` (every token of it must exist).
+HIPMLA_DEVICE QuarterRows quarter_rows(const KvRows& kv, int token0) {
+    return QuarterRows{kv.row(token0 + lane_id() % QUARTER_ROWS)};
 }
 
 // Max / sum over the four lane groups (lanes l, l ^ 16, l ^ 32, l ^ 48).

@@ -70,13 +70,15 @@ HIPMLA_DEVICE unsigned pick_halves(unsigned first, unsigned second) {
 }
 
 
-// Asynchronous copy of 1024 contiguous global bytes to 1024 contiguous LDS bytes: lane l
-// moves bytes 16l..16l+15 (global_load_lds_dwordx4; the LDS base is wave-uniform, the
-// compiler puts it in M0). Wait with wait_global_loads() before reading the copy.
-HIPMLA_DEVICE void copy_1k_to_lds(const unsigned char* global_base, void* lds_base) {
+// Asynchronous gather of 64 x 16 global bytes into 1024 contiguous LDS bytes: lane l
+// moves the 16 bytes at its own `src` (any 16-byte aligned address) to LDS bytes
+// 16l..16l+15 after `lds_base` (global_load_lds_dwordx4: the global address is per lane,
+// the LDS base wave-uniform, the compiler puts it in M0). Wait with wait_global_loads()
+// before reading the copy.
+HIPMLA_DEVICE void gather_1k_to_lds(const unsigned char* src, void* lds_base) {
     typedef __attribute__((address_space(1))) void global_void;
     typedef __attribute__((address_space(3))) void lds_void;
-    __builtin_amdgcn_global_load_lds((global_void*)(global_base + 16 * lane_id()), (lds_void*)lds_base, 16, 0, 0);
+    __builtin_amdgcn_global_load_lds((global_void*)src, (lds_void*)lds_base, 16, 0, 0);
 }
 
 // s_waitcnt vmcnt(0): every global load of this wave, including LDS copies, has landed.

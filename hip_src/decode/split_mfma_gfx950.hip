@@ -1,9 +1,13 @@
-// gfx950 fast split kernel: MXFP4 KV, whole 128-token tiles only. One block per work
-// item of the fast work list (same (seq, token_begin, token_end, slot) items and the same
-// outputs as decode/split.hip: partial slots for the combine kernel, or bf16 output +
-// natural-log LSE for slot -1), Q.K on the scaled MFMA, P.V on the bf16 MFMA.
+// gfx950 fast split kernel: MXFP4 KV, whole 128-token tiles only, Q.K on the scaled MFMA,
+// P.V on the bf16 MFMA. Launched with the same grid as decode/split.hip: block i derives
+// work item i from the batch (core/schedule.h) and runs it only when it is whole
+// p.fast_tile tiles (the items split.hip skips), otherwise returns. It writes what a
+// portable item writes: bf16 output + natural-log LSE for a sequence of one item, else
+// its partial slot, after which the last item of the sequence to finish (whichever kernel
+// ran it) merges the slots (core/merge.h).
 // Numerics: those of hip_src/KERNELS.md for Q precision fp8 / mxfp4, walked in the
-// schedule below; hipmla.emulate.emulate_fast_item models it (README, "gfx950 fast path").
+// schedule below; hipmla.emulate.emulate_fast_item models it ("Fast paths" in
+// hip_src/KERNELS.md).
 //
 // Specialisation (all required):
 //   HIPMLA_KV_FORMAT    2 (mxfp4; the only format of this kernel)
@@ -16,6 +20,11 @@
 // its own online-softmax state for all 16 heads and a 16 x 512 f32 accumulator; the
 // waves meet only to quantize Q at the start and to merge their states at the end.
 //
+// Rows come from core/paged.h, so any page size (1..128) and any page ids work: each wave
+// holds its quarter's 32 rows one per lane (arch/cdna.h QuarterRows, read one tile ahead
+// of the copy that uses them), and every lane of a copy gathers the 16-byte chunk of
+// the row it moves, while the LDS side of the copy stays contiguous (32 x 288 bytes).
+//
 // Per quarter, in wave64 lane roles (arch/gfx950.h): Q.K is computed transposed,
 // S^T = K Q^T (A = K rows, B = Q), so each lane ends with scores of ONE head
 // (lane_col) for 8 tokens; the head's max is a 4-lane reduction, and P^T is already in
@@ -25,6 +34,9 @@
 #include "common/config.h"
 #include "common/numerics.h"
 #include "common/platform.h"
+#include "core/merge.h"
+#include "core/paged.h"
+#include "core/schedule.h"
 #include "arch/gfx950.h"
 
 #if !defined(HIPMLA_KV_FORMAT) || !defined(HIPMLA_Q_PRECISION) || !defined(HIPMLA_FP8_FNUZ)
@@ -50,7 +62,7 @@ constexpr bool Q_FP8 = HIPMLA_Q_PRECISION == FORMAT_FP8;
 constexpr int Q_FMT = Q_FP8 ? MFMA_FMT_E4M3 : MFMA_FMT_E2M1;
 constexpr int WAVES = 4;
 constexpr int THREADS = WAVES * WAVE;
-constexpr int TILE = 128;                          // tokens per block step (planner unit)
+constexpr int TILE = 128;                          // tokens per block step (p.fast_tile)
 constexpr int QUARTER = TILE / WAVES;              // tokens per wave step
 constexpr int GROUPS = QUARTER / MFMA_N;           // 16-token score groups per quarter
 constexpr int ROW_BYTES = D_QK / 2;                // 288: MXFP4 row
@@ -58,6 +70,7 @@ constexpr int SCALES = D_QK / MX_BLOCK;            // 18 E8M0 per row
 constexpr int SCALE_STRIDE = 20;                   // LDS bytes per row of scales
 constexpr int QUARTER_BYTES = QUARTER * ROW_BYTES; // 9216
 constexpr int COPIES = QUARTER_BYTES / 1024;       // 1 KiB async copies per quarter
+constexpr int ROW_CHUNKS = ROW_BYTES / 16;         // 18 16-byte chunks per row
 constexpr int K_STEPS = (D_QK + SCALED_K - 1) / SCALED_K;  // 5; the last one half empty
 constexpr int Q_BYTES_PER_HEAD = Q_FP8 ? D_QK : D_QK / 2;
 constexpr int V_GROUPS = D_V / (MFMA_N * 8);       // 4: 128 columns, one dword of a row per lane
@@ -66,7 +79,9 @@ constexpr int SCALE_BYTES_PER_LANE = QUARTER * SCALES / WAVE;  // 9
 
 static_assert(THREADS == BLOCK_THREADS, "the fast kernel launches the project's block size");
 static_assert(HEADS == MFMA_N, "one head per lane_col: H = 16");
-static_assert(QUARTER_BYTES % 1024 == 0, "a quarter is a whole number of 1 KiB copies");
+static_assert(QUARTER_BYTES % 1024 == 0 && 1024 == 16 * WAVE, "a quarter is whole copies of 16 bytes per lane");
+static_assert(ROW_CHUNKS * 16 == ROW_BYTES, "a row is whole 16-byte chunks");
+static_assert(QUARTER == QUARTER_ROWS, "a quarter's rows are one QuarterRows");
 static_assert(QUARTER == BF16_K, "one bf16 MFMA k-step per quarter");
 static_assert(QUARTER * SCALES == SCALE_BYTES_PER_LANE * WAVE, "scales: equal bytes per lane");
 static_assert(D_V == V_GROUPS * MFMA_N * 8, "V groups tile the value width");
@@ -85,18 +100,23 @@ struct Merge {                                    // after the last tile
     float m[WAVES][HEADS];
     float l[WAVES][HEADS];
     alignas(16) float acc[V_GROUPS * V_TILES * 4][WAVE];  // one wave's accumulators, register order
+    int last;                                     // arrive_last's flag
 };
 
-// buf[1] is free until the first prefetch, so Q is staged there.
+// buf[1] is free until the first prefetch, so the schedule's scan and Q are staged there
+// (the schedule is done before Q is staged; both before the first prefetch).
 union alignas(16) Smem {
     Buffer buf[2][WAVES];
     struct {
         Buffer first[WAVES];
         QStage q;
+        ScheduleSmem<THREADS> sched;
     } start;
     Merge merge;
 };
-static_assert(sizeof(QStage) <= sizeof(Buffer) * WAVES, "Q stages inside the second buffers");
+static_assert(sizeof(QStage) + sizeof(ScheduleSmem<THREADS>) <= sizeof(Buffer) * WAVES,
+              "the schedule and Q stage inside the second buffers");
+static_assert(sizeof(Smem) == sizeof(Buffer) * 2 * WAVES, "LDS is the two buffers of every wave");
 
 // Token of a quarter that score group i, D row x holds. The 4 lane groups read rows
 // {0, 2, 1, 3} + 4j, so the two 32-lane halves of a P.V dword read start on rows two
@@ -193,21 +213,21 @@ HIPMLA_DEVICE QOperand load_q_operand(const QStage& qs) {
     return op;
 }
 
-// Token t of sequence `seq` is KV row kv_indptr[seq] + t (the one place that knows it,
-// as in split.hip).
-HIPMLA_DEVICE long long kv_row(const MlaDecodeParams& p, int seq, int token) {
-    return (long long)p.kv_indptr[seq] + token;
-}
-
-// Starts the copy of one quarter (32 rows from `row0`) into `b`; its scales come back
-// in registers (`scales`), written to LDS by put_scales once they have landed.
-HIPMLA_DEVICE void fetch_quarter(Buffer& b, const MlaDecodeParams& p, long long row0, unsigned* scales) {
-    const unsigned char* src = static_cast<const unsigned char*>(p.kv) + row0 * ROW_BYTES;
+// Starts the copy of one quarter (the 32 rows of `rows`) into `b`: in copy c lane l moves
+// chunk k = 64 c + l of the quarter's 32 x 18 chunks, i.e. chunk k % 18 of row k / 18, to
+// LDS byte 16 k (rows back to back). Its scales come back in registers (`scales`: lane l
+// holds bytes 9 (l % 2) .. + 8 of row l / 2), written to LDS by put_scales once landed.
+HIPMLA_DEVICE void fetch_quarter(Buffer& b, const MlaDecodeParams& p, const QuarterRows& rows, unsigned* scales) {
+    const unsigned char* kv = static_cast<const unsigned char*>(p.kv);
+    const int lane = lane_id_fresh();  // the copy indices below are recomputed per tile
 #pragma unroll
-    for (int c = 0; c < COPIES; ++c) copy_1k_to_lds(src + 1024 * c, b.kv + 1024 * c);
-    const int lane = lane_id();
+    for (int c = 0; c < COPIES; ++c) {
+        const int k = WAVE * c + lane;
+        const int r = k / ROW_CHUNKS;
+        gather_1k_to_lds(kv + rows.at(r) * ROW_BYTES + 16 * (k - ROW_CHUNKS * r), b.kv + 1024 * c);
+    }
     const int r = lane / 2, half = lane % 2;
-    const unsigned char* s = p.kv_scale + (row0 + r) * p.stride_kv_scale + SCALE_BYTES_PER_LANE * half;
+    const unsigned char* s = p.kv_scale + rows.at(r) * p.stride_kv_scale + SCALE_BYTES_PER_LANE * half;
 #pragma unroll
     for (int k = 0; k < SCALE_BYTES_PER_LANE; ++k) scales[k] = s[k];
 }
@@ -292,19 +312,25 @@ HIPMLA_KERNEL(hipmla::fast950::THREADS) void HIPMLA_FAST_NAME(const MlaDecodePar
     using namespace hipmla::fast950;
     __attribute__((shared)) Smem sm;
 
-    const int* item = p.work + 4 * block_index();
-    const int seq = item[0];
-    const int token_begin = item[1];
-    const int n_tiles = (item[2] - item[1]) / TILE;  // the planner gives whole tiles only
-    const int slot = item[3];
+    const WorkItem it = schedule_item<THREADS>(p, int(block_index()), sm.start.sched);
+    const int n_tokens = it.end - it.begin;
+    // Only the items split.hip skips: whole p.fast_tile tiles (p.fast_tile a multiple of TILE).
+    if (it.seq < 0 || p.fast_tile <= 0 || n_tokens <= 0 || n_tokens % p.fast_tile != 0 || n_tokens % TILE != 0) return;
+    const int seq = it.seq;
+    const int n_tiles = n_tokens / TILE;
+    const int slot = it.n_items > 1 ? it.slot : -1;
     const int w = wave_id();
     const int lane = lane_id();
     const int h = lane_col();
     const int g = lane_rowgroup();
-    const long long row_begin = kv_row(p, seq, token_begin) + QUARTER * w;
+    const KvRows kv = kv_rows(p, seq);
+    const int quarter_begin = it.begin + QUARTER * w;  // this wave's first token of tile 0
 
     unsigned scales[SCALE_BYTES_PER_LANE];
-    fetch_quarter(sm.start.first[w], p, row_begin, scales);
+    fetch_quarter(sm.start.first[w], p, quarter_rows(kv, quarter_begin), scales);
+    // The rows of the next tile's quarter, read a tile before its copy needs them (the
+    // last tile reads its own again: no token past the item).
+    QuarterRows next_rows = quarter_rows(kv, quarter_begin + (n_tiles > 1 ? TILE : 0));
     stage_q(sm.start.q, p, seq);
     block_sync();
     const QOperand q = load_q_operand(sm.start.q);
@@ -324,7 +350,10 @@ HIPMLA_KERNEL(hipmla::fast950::THREADS) void HIPMLA_FAST_NAME(const MlaDecodePar
         Buffer& cur = sm.buf[tile & 1][w];
         wait_global_loads();
         put_scales(cur, scales);
-        if (tile + 1 < n_tiles) fetch_quarter(sm.buf[(tile + 1) & 1][w], p, row_begin + (long long)TILE * (tile + 1), scales);
+        if (tile + 1 < n_tiles) {
+            fetch_quarter(sm.buf[(tile + 1) & 1][w], p, next_rows, scales);
+            next_rows = quarter_rows(kv, quarter_begin + TILE * (tile + 2 < n_tiles ? tile + 2 : tile + 1));
+        }
 
         f32x4 score[GROUPS];
         quarter_scores(cur, q, score);
@@ -415,4 +444,7 @@ HIPMLA_KERNEL(hipmla::fast950::THREADS) void HIPMLA_FAST_NAME(const MlaDecodePar
                          pack_bf16x2(v[4] / big_l, v[5] / big_l), pack_bf16x2(v[6] / big_l, v[7] / big_l)};
         }
     }
+    // A split sequence: the last of its items to finish (this kernel's or split.hip's)
+    // merges the slots.
+    if (slot >= 0 && arrive_last(p, it, &sm.merge.last)) merge_partials<THREADS>(p, it);
 }

@@ -1,0 +1,53 @@
+"""The CPU harness for kernel sources: the names hip_src/common/platform.h leaves to a
+host build, so the very same device code runs on the CPU (tests/test_kernels.py,
+tests/test_schedule.py)."""
+
+# The names hip_src/common/platform.h leaves to a harness: one std::thread per GPU
+# thread, a std::barrier for block_sync, blocks one after another.
+HOST_PRELUDE = r"""
+#include <atomic>
+#include <barrier>
+#include <cmath>
+#include <thread>
+#include <vector>
+#define HIPMLA_HOST_PLATFORM 1
+#define HIPMLA_DEVICE inline
+#define HIPMLA_SHARED static
+#define HIPMLA_KERNEL(threads) extern "C"
+namespace hipmla {
+typedef unsigned int u32x2 __attribute__((ext_vector_type(2)));
+typedef unsigned int u32x4 __attribute__((ext_vector_type(4)));
+typedef float f32x2 __attribute__((ext_vector_type(2)));
+typedef float f32x4 __attribute__((ext_vector_type(4)));
+inline thread_local unsigned host_thread;
+inline unsigned host_block;
+inline std::barrier<>* host_barrier;
+inline unsigned thread_index() { return host_thread; }
+inline unsigned block_index() { return host_block; }
+inline void block_sync() { host_barrier->arrive_and_wait(); }
+inline float f32_from_bits(unsigned u) { return __builtin_bit_cast(float, u); }
+inline unsigned bits_from_f32(float x) { return __builtin_bit_cast(unsigned, x); }
+inline float exp2_f32(float x) { return std::exp2(x); }
+inline float log2_f32(float x) { return std::log2(x); }
+inline void fence_release_device() { std::atomic_thread_fence(std::memory_order_release); }
+inline void fence_acquire_device() { std::atomic_thread_fence(std::memory_order_acquire); }
+inline int atomic_add_device(int* p, int v) { return std::atomic_ref<int>(*p).fetch_add(v); }
+inline void atomic_store_device(int* p, int v) { std::atomic_ref<int>(*p).store(v); }
+inline f32x4 load_coherent(const f32x4* p) { return *p; }
+inline float load_coherent(const float* p) { return *p; }
+}  // namespace hipmla
+"""
+
+HOST_LAUNCH = r"""
+extern "C" void hipmla_host_launch(MlaDecodeParams p, int grid, int threads) {
+    std::barrier<> bar(threads);
+    hipmla::host_barrier = &bar;
+    for (int b = 0; b < grid; ++b) {
+        hipmla::host_block = unsigned(b);
+        std::vector<std::thread> pool;
+        for (int t = 0; t < threads; ++t)
+            pool.emplace_back([p, t] { hipmla::host_thread = unsigned(t); HIPMLA_HOST_KERNEL(p); });
+        for (auto& th : pool) th.join();
+    }
+}
+"""

@@ -1,0 +1,342 @@
+"""The decoder on a GPU (``gpu``-marked): against the emulator (tightly) and the exact
+reference (loosely), contiguous and paged caches, graph capture and replay over changing
+steps, and no allocation or synchronization inside a step."""
+
+from __future__ import annotations
+
+import os
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from hipmla import decode
+from hipmla.cli import REFERENCE_TOL
+from hipmla.emulate import emulate_decode
+from hipmla.formats import KV_FORMATS
+from hipmla.inputs import benchmark_shapes, make_inputs, random_cache, random_seq_lens
+from hipmla.paging import KvLayout, gather, random_page_table
+from hipmla.reference import mla_decode_reference
+
+pytestmark = pytest.mark.gpu
+
+#: Device vs emulator, bf16 output: |dev - emu| <= EMU_RTOL * |emu| + EMU_ATOL * max|emu|.
+#: Two bf16 ulps per element, plus a sliver of the output scale for the rare P that
+#: rounds to the other bf16 neighbour because the device sums a dot product in
+#: another order.
+EMU_RTOL = 2.0 ** -7
+EMU_ATOL = 1e-3
+#: Device vs emulator LSE (natural log), absolute. The LSE follows its largest scores
+#: one for one, and a 576-term f32 dot product summed in another order than the
+#: emulator's moves a score by up to a few 1e-4 (H200, 2026-11-30: 3.5e-4 worst).
+EMU_LSE_ATOL = 1e-3
+SM_SCALE = 1 / 24
+
+
+def log_errors(what: str, out, lse, emu_out, emu_lse) -> None:
+    """Append the measured device-vs-emulator errors to $HIPMLA_TEST_LOG, if set, so a
+    GPU run can report the worst case rather than a pass/fail."""
+    path = os.environ.get("HIPMLA_TEST_LOG")
+    if not path:
+        return
+    o, e = np.asarray(out, np.float32), np.asarray(emu_out, np.float32)
+    scale = float(np.abs(e).max(initial=0)) or 1.0
+    with np.errstate(invalid="ignore"):
+        lerr = np.where(np.isneginf(lse) & np.isneginf(emu_lse), 0, np.abs(lse - emu_lse))
+    with open(path, "a") as f:
+        f.write(f"{what}\tmax_abs {float(np.abs(o - e).max(initial=0)):.3e}\t"
+                f"rel_to_scale {float(np.abs(o - e).max(initial=0)) / scale:.3e}\t"
+                f"bitexact {float((o == e).mean()) if o.size else 1.0:.5f}\t"
+                f"lse {float(lerr.max(initial=0)):.3e}\n")
+
+
+def assert_close_to_emulator(out, lse, emu_out, emu_lse, what: str):
+    log_errors(what, out, lse, emu_out, emu_lse)
+    o = np.asarray(out, dtype=np.float32)
+    e = np.asarray(emu_out, dtype=np.float32)
+    assert np.isfinite(o).all(), f"{what}: non-finite output"
+    scale = float(np.abs(e).max(initial=0)) or 1.0
+    err = np.abs(o - e)
+    bad = err > EMU_RTOL * np.abs(e) + EMU_ATOL * scale
+    assert not bad.any(), (f"{what}: {int(bad.sum())} of {bad.size} outputs off the emulator, "
+                           f"worst {float(err.max()):.3e} (scale {scale:.3e})")
+    assert (np.isneginf(lse) == np.isneginf(emu_lse)).all(), f"{what}: LSE -inf pattern differs"
+    with np.errstate(invalid="ignore"):  # -inf - -inf where both are empty
+        lerr = np.where(np.isneginf(lse) & np.isneginf(emu_lse), 0, np.abs(lse - emu_lse))
+    assert float(lerr.max(initial=0)) <= EMU_LSE_ATOL, f"{what}: LSE off by {float(lerr.max()):.3e}"
+
+
+def assert_close_to_reference(out, lse, ref_out, ref_lse, what: str, q_precision: str = "bf16"):
+    tol = REFERENCE_TOL[q_precision]
+    err = np.abs(np.asarray(out, np.float32) - ref_out)
+    assert (err <= tol * (1 + np.abs(ref_out))).all(), f"{what}: worst error vs reference {err.max():.3e}"
+    fin = np.isfinite(ref_lse)
+    assert (np.isneginf(lse) == ~fin).all(), f"{what}: empty-sequence LSE not -inf"
+    assert np.abs(lse[fin] - ref_lse[fin]).max(initial=0) <= tol * 4, f"{what}: LSE far from reference"
+
+
+def sample(lens: np.ndarray, k: int = 6) -> np.ndarray:
+    """A few sequences to check on the host: spread, the longest, and an empty one."""
+    batch = lens.shape[0]
+    picks = set(np.linspace(0, batch - 1, min(k, batch)).round().astype(int).tolist())
+    picks.add(int(np.argmax(lens)))
+    empty = np.flatnonzero(lens == 0)
+    if empty.size:
+        picks.add(int(empty[0]))
+    return np.array(sorted(picks))
+
+
+@pytest.fixture(scope="module")
+def decoders():
+    made: dict[tuple[str, str], decode.Decoder] = {}
+
+    def get(kv_format: str, q_precision: str = "bf16", sm_scale: float = SM_SCALE) -> decode.Decoder:
+        key = (kv_format, q_precision, sm_scale)
+        if key not in made:
+            made[key] = decode.Decoder(kv_format, sm_scale, q_precision=q_precision)
+        return made[key]
+
+    yield get
+    for d in made.values():
+        d.close()
+
+
+def check(dec: decode.Decoder, out, lse, q, kv, layout, seqs, what: str, q_precision: str = "bf16",
+          sm_scale: float = SM_SCALE):
+    emu_out, emu_lse = emulate_decode(q, kv, layout, sm_scale, dec.policy, q_precision=q_precision,
+                                      q_fp8_variant=dec.fp8_variant, seqs=seqs)
+    assert_close_to_emulator(out[seqs], lse[seqs], emu_out, emu_lse, what)
+    ref_out, ref_lse = mla_decode_reference(q, kv, layout, sm_scale, seqs=seqs)
+    assert_close_to_reference(out[seqs], lse[seqs], ref_out, ref_lse, what, q_precision)
+
+
+# ----------------------------------------------------------------------------- shapes
+
+
+@pytest.mark.parametrize("kv_format", KV_FORMATS)
+@pytest.mark.parametrize("shape", benchmark_shapes(), ids=lambda s: s.name)
+def test_benchmark_shapes(decoders, kv_format, shape):
+    dec = decoders(kv_format)
+    inputs = make_inputs(shape.seq_lens, kv_format, seed=shape.batch + shape.kv_len,
+                         fp8_variant=dec.fp8_variant, sm_scale=SM_SCALE)
+    out, lse = dec.decode(inputs.q, inputs.kv, inputs.layout)
+    check(dec, out, lse, inputs.q, inputs.kv, inputs.layout, sample(inputs.seq_lens, 4),
+          f"{kv_format} {shape.name}")
+
+
+@pytest.mark.parametrize("q_precision", ["fp8", "mxfp4"])
+def test_quantized_q_matches_its_emulator(decoders, q_precision):
+    dec = decoders("mxfp4", q_precision)
+    lens = np.array([1000, 0, 77, 4096, 129])
+    inputs = make_inputs(lens, "mxfp4", seed=3, sm_scale=SM_SCALE)
+    out, lse = dec.decode(inputs.q, inputs.kv, inputs.layout)
+    emu_out, emu_lse = emulate_decode(inputs.q, inputs.kv, inputs.layout, SM_SCALE, dec.policy,
+                                      q_precision=q_precision, q_fp8_variant=dec.fp8_variant)
+    assert_close_to_emulator(out, lse, emu_out, emu_lse, f"q {q_precision}")
+
+
+# ----------------------------------------------------------------------------- ragged, paged
+
+RAGGED_CONFIGS = 36
+RAGGED_GROUPS = 6  # separate test items, so a parallel run spreads them over workers
+PAGE_SIZES = (1, 16, 64)
+
+
+def ragged_configs() -> list[np.ndarray]:
+    rng = np.random.default_rng(2026)
+    out = [random_seq_lens(rng, max_batch=300, max_len=20000) for _ in range(RAGGED_CONFIGS)]
+    out[0] = np.zeros(3, np.int64)  # a batch of nothing but empty sequences
+    out[1] = np.array([1, 0, 127, 128, 129, 16383, 64, 65])  # around every tile edge
+    return out
+
+
+@pytest.mark.parametrize("group", range(RAGGED_GROUPS))
+@pytest.mark.parametrize("kv_format", KV_FORMATS)
+def test_paged_ragged_batches(decoders, kv_format, group):
+    """Random page order, shared prefix pages, spare pages in the pool, page sizes 1/16/64,
+    ragged lengths with empty sequences: the paged step and the same tokens laid out
+    contiguously give the same bits, and both match the emulator and the reference."""
+    from hipmla import runtime
+
+    dec = decoders(kv_format)
+    per_group = RAGGED_CONFIGS // RAGGED_GROUPS
+    for i in range(group * per_group, (group + 1) * per_group):
+        rng = np.random.default_rng([7, i])
+        lens = ragged_configs()[i]
+        b = lens.shape[0]
+        dec.reserve(b)
+        page_size = PAGE_SIZES[i % len(PAGE_SIZES)]
+        layout = random_page_table(lens, page_size, rng, spare_pages=17, shared=3)
+        pool_rows = (int(layout.kv_indices.max(initial=0)) + 1) * page_size
+        pool = random_cache(pool_rows, kv_format, rng, fp8_variant=dec.fp8_variant, scale_stride=24)
+        contiguous_kv, contiguous = gather(pool, layout)
+        q = rng.standard_normal((b, 16, 576), dtype=np.float32).astype(ml_dtypes.bfloat16)
+        results = []
+        for kv, lay in ((pool, layout), (contiguous_kv, contiguous)):
+            host = {"q": q.view(np.uint16), "kv": kv.data, "kv_indptr": lay.kv_indptr}
+            if lay.paged:
+                host |= {"kv_indices": lay.kv_indices, "kv_last_page_len": lay.kv_last_page_len}
+            if kv.scales is not None:
+                host["kv_scale"] = kv.scales
+            dev = {k: runtime.DeviceArray.from_host(np.ascontiguousarray(v)) for k, v in host.items()}
+            d_out = runtime.DeviceArray((b, 16, 512), np.uint16)
+            d_lse = runtime.DeviceArray((b, 16), np.float32)
+            runtime.memset(d_out.ptr, 0xFF, d_out.nbytes)  # NaN poison: every output must be written
+            runtime.memset(d_lse.ptr, 0xFF, d_lse.nbytes)
+            dec.run(out=d_out, lse=d_lse, page_size=lay.page_size,
+                    fp8_scale=kv.fp8_scale if kv_format == "fp8" else None, **dev)
+            results.append((d_out.to_host(), d_lse.to_host()))
+            for a in list(dev.values()) + [d_out, d_lse]:
+                a.free()
+        (out_p, lse_p), (out_c, lse_c) = results
+        what = f"{kv_format} config {i} (bs {b}, {int(lens.sum())} tokens, page {page_size})"
+        assert np.array_equal(out_p, out_c), f"{what}: paged and contiguous outputs differ"
+        assert np.array_equal(lse_p.view(np.uint32), lse_c.view(np.uint32)), f"{what}: LSE differs"
+        out = out_p.view(ml_dtypes.bfloat16)
+        assert np.isfinite(out.astype(np.float32)).all(), f"{what}: unwritten or non-finite output"
+        check(dec, out, lse_p, q, pool, layout, sample(lens), what)
+
+
+# ----------------------------------------------------------------------------- serving
+
+
+class CountingHip:
+    """hip-python's module with every allocation, copy and synchronization counted."""
+
+    WATCHED = ("hipMalloc", "hipFree", "hipMemcpy", "hipMemcpyAsync", "hipMemsetAsync", "hipMemset",
+               "hipDeviceSynchronize", "hipStreamSynchronize", "hipEventSynchronize", "hipModuleLaunchKernel")
+
+    def __init__(self, hip):
+        self._hip = hip
+        self.calls: dict[str, int] = {}
+
+    def __getattr__(self, name):
+        real = getattr(self._hip, name)
+        if name not in self.WATCHED:
+            return real
+
+        def counted(*a, **k):
+            self.calls[name] = self.calls.get(name, 0) + 1
+            return real(*a, **k)
+
+        return counted
+
+
+def test_steps_allocate_copy_and_synchronize_nothing(decoders, monkeypatch):
+    """100 steps through new views of the same buffers, with changing lengths, make no
+    allocation, copy or synchronization call and no hip-python launch (launches go
+    through the ctypes binding)."""
+    torch = pytest.importorskip("torch")
+    from hipmla import runtime
+
+    dec = decoders("mxfp4")
+    b, pages, page_size = 8, 600, 16
+    rng = np.random.default_rng(5)
+    pool = random_cache(pages * page_size, "mxfp4", rng, scale_stride=24)
+    kv = torch.from_numpy(pool.data).cuda()
+    sc = torch.from_numpy(pool.scales).cuda()
+    q = torch.randn(b, 16, 576, device="cuda").to(torch.bfloat16)
+    out = torch.empty(b, 16, 512, device="cuda", dtype=torch.bfloat16)
+    indptr = torch.zeros(b + 1, dtype=torch.int32, device="cuda")
+    indices = torch.from_numpy(rng.permutation(pages).astype(np.int32)).cuda()
+    last = torch.ones(b, dtype=torch.int32, device="cuda")
+    stream = torch.cuda.current_stream().cuda_stream
+    counting = CountingHip(runtime.hip)
+    dec.run(q.view(torch.int16), kv, indptr, out.view(torch.int16), kv_indices=indices,
+            kv_last_page_len=last, page_size=page_size, kv_scale=sc, stream=stream)
+    monkeypatch.setattr(runtime, "hip", counting)
+    for step in range(100):
+        lens = rng.integers(0, 70 * page_size, size=b)
+        layout = random_page_table(lens, page_size, rng)
+        indptr.copy_(torch.from_numpy(layout.kv_indptr))  # the caller's own step work
+        last.copy_(torch.from_numpy(layout.kv_last_page_len))
+        dec.run(q.view(torch.int16), kv, indptr, out.view(torch.int16), kv_indices=indices,
+                kv_last_page_len=last, page_size=page_size, kv_scale=sc, stream=stream)
+    monkeypatch.undo()
+    torch.cuda.synchronize()
+    assert counting.calls == {}, f"a step called {counting.calls}"
+
+
+def test_one_captured_graph_serves_fifty_changing_steps(decoders):
+    """Capture one paged step into a CUDA graph, then replay it for 50 steps whose lengths
+    grow by one token and whose page tables change (new pages appended, pages moved):
+    every replay is bit-identical to an eager run of the same step, and within tolerance
+    of the reference."""
+    torch = pytest.importorskip("torch")
+
+    dec = decoders("mxfp4")
+    b, page_size, pool_pages = 12, 16, 4096
+    rng = np.random.default_rng(50)
+    pool = random_cache(pool_pages * page_size, "mxfp4", rng, scale_stride=24)
+    kv = torch.from_numpy(pool.data).cuda()
+    sc = torch.from_numpy(pool.scales).cuda()
+    qh = rng.standard_normal((b, 16, 576), dtype=np.float32).astype(ml_dtypes.bfloat16)
+    q = torch.from_numpy(qh.view(np.uint16).astype(np.int16)).cuda()
+    max_pages = pool_pages
+    indptr = torch.zeros(b + 1, dtype=torch.int32, device="cuda")
+    indices = torch.zeros(max_pages, dtype=torch.int32, device="cuda")
+    last = torch.ones(b, dtype=torch.int32, device="cuda")
+    out_graph = torch.empty(b, 16, 512, dtype=torch.int16, device="cuda")
+    lse_graph = torch.empty(b, 16, dtype=torch.float32, device="cuda")
+    out_eager = torch.empty_like(out_graph)
+    lse_eager = torch.empty_like(lse_graph)
+
+    lens = rng.integers(0, 3000, size=b)
+    lens[3] = 0  # an empty sequence that starts to grow
+    owned = [list(rng.choice(pool_pages, size=-(-int(n) // page_size), replace=False)) for n in lens]
+    free = [p for p in rng.permutation(pool_pages).tolist() if all(p not in o for o in owned)]
+
+    def upload() -> KvLayout:
+        pages = [np.array(o, dtype=np.int32) for o in owned]
+        ip = np.zeros(b + 1, dtype=np.int32)
+        np.cumsum([len(p) for p in pages], out=ip[1:])
+        flat = np.concatenate(pages + [np.zeros(0, np.int32)]).astype(np.int32)
+        lp = np.where(lens > 0, lens - (np.maximum(-(-lens // page_size), 1) - 1) * page_size, 1).astype(np.int32)
+        indptr.copy_(torch.from_numpy(ip))
+        indices[: flat.shape[0]].copy_(torch.from_numpy(flat))
+        last.copy_(torch.from_numpy(lp))
+        return KvLayout(ip, flat, lp, page_size)
+
+    def step(out, lse, stream):
+        dec.run(q, kv, indptr, out, kv_indices=indices, kv_last_page_len=last, page_size=page_size,
+                kv_scale=sc, lse=lse, stream=stream)
+
+    upload()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm up on the capture stream: argument checks happen here
+        step(out_graph, lse_graph, side.cuda_stream)
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step(out_graph, lse_graph, torch.cuda.current_stream().cuda_stream)
+
+    checked = 0
+    for s in range(50):
+        for i in range(b):  # every sequence grows by one token
+            if lens[i] % page_size == 0:
+                owned[i].append(free.pop())
+            lens[i] += 1
+        if s % 7 == 3:  # the serving system moves a page: the table changes, not the graph
+            i = int(np.argmax(lens))
+            new = free.pop()
+            kv[new * page_size:(new + 1) * page_size].copy_(kv[owned[i][0] * page_size:(owned[i][0] + 1) * page_size])
+            sc[new * page_size:(new + 1) * page_size].copy_(sc[owned[i][0] * page_size:(owned[i][0] + 1) * page_size])
+            owned[i][0] = new
+        layout = upload()
+        out_graph.fill_(-1)
+        graph.replay()
+        step(out_eager, lse_eager, torch.cuda.current_stream().cuda_stream)
+        torch.cuda.synchronize()
+        og, oe = out_graph.cpu().numpy(), out_eager.cpu().numpy()
+        lg, le = lse_graph.cpu().numpy(), lse_eager.cpu().numpy()
+        assert np.array_equal(og, oe), f"step {s}: replay differs from the eager run"
+        assert np.array_equal(lg.view(np.uint32), le.view(np.uint32)), f"step {s}: replay LSE differs"
+        if s % 10 == 0 or s == 49:
+            host_pool = type(pool)("mxfp4", kv.cpu().numpy(), scales=sc.cpu().numpy())
+            seqs = np.arange(b)
+            out = og.view(np.uint16).view(ml_dtypes.bfloat16)
+            check(dec, out, lg, qh, host_pool, layout, seqs, f"graph step {s}")
+            checked += 1
+    assert checked == 6

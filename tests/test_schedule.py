@@ -1,0 +1,173 @@
+"""hipmla.schedule: the host model of the device-side split, and the device code itself.
+
+The decode grid derives its work items on the device (hip_src/core/schedule.h); the
+emulator, the grid size and the scratch size use the host model. Here the header runs
+on the CPU (tests/host_harness.py) block by block and must give the model's items.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+
+from host_harness import HOST_PRELUDE
+from hipmla.inputs import random_seq_lens
+from hipmla.kernels import DecodeParams, translation_unit
+from hipmla.paging import KvLayout, random_page_table
+from hipmla.schedule import SplitPolicy, check_lens, schedule, split_chunk
+
+CLANG = shutil.which("clang++-22")
+
+
+def _check_invariants(lens: np.ndarray, policy: SplitPolicy) -> None:
+    s = schedule(lens, policy)
+    assert s.size <= policy.max_items(lens.shape[0])
+    for b, n in enumerate(lens):
+        items = s.items_of(b)
+        assert items.size >= 1
+        assert (s.n_items[items] == items.size).all()
+        assert (s.first_slot[items] == items[0]).all()
+        assert list(items) == list(range(items[0], items[0] + items.size))  # consecutive slots
+        assert s.begin[items[0]] == 0 and s.end[items[-1]] == n
+        assert (s.begin[items[1:]] == s.end[items[:-1]]).all()  # a partition in token order
+        assert ((s.end[items] > s.begin[items]) | (n == 0)).all()
+        assert (s.end[items] - s.begin[items] <= s.chunk).all()
+        assert (s.begin[items] % policy.align_tokens == 0).all() or policy.fast_tile
+        if policy.fast_tile:
+            length = s.end[items] - s.begin[items]
+            assert ((length % policy.fast_tile == 0) | (length < policy.fast_tile)).all()
+    assert list(s.seq) == sorted(s.seq)
+
+
+@pytest.mark.parametrize("fast_tile", [0, 128])
+def test_schedule_partitions_every_ragged_batch(fast_tile):
+    rng = np.random.default_rng(fast_tile)
+    for _ in range(60):
+        lens = random_seq_lens(rng, max_batch=300, max_len=20000)
+        _check_invariants(lens, SplitPolicy.for_device(int(rng.integers(1, 300)), fast_tile=fast_tile))
+
+
+def test_schedule_balances_long_sequences():
+    policy = SplitPolicy.for_device(132)
+    s = schedule([8192] * 4, policy)
+    assert s.size == 4 * 8192 // s.chunk and s.chunk == 256  # 264 target items, 256-token floor
+    s = schedule([100, 20000], policy)
+    per_seq = np.bincount(s.seq)
+    assert per_seq[0] == 1 and per_seq[1] > 30  # the longest sequence gets the splits
+
+
+def test_fast_tile_cuts_the_partial_last_tile():
+    s = schedule([300, 128, 100, 0], SplitPolicy(target_items=1, min_split_tokens=4096, fast_tile=128))
+    got = [(int(a), int(b), int(c)) for a, b, c in zip(s.seq, s.begin, s.end)]
+    assert got == [(0, 0, 256), (0, 256, 300), (1, 0, 128), (2, 0, 100), (3, 0, 0)]
+    assert list(s.slot) == [0, 1, -1, -1, -1]
+
+
+def test_split_chunk():
+    p = SplitPolicy(target_items=10, min_split_tokens=256, align_tokens=128)
+    assert split_chunk(0, p) == 256
+    assert split_chunk(100_000, p) == 10_112  # ceil(10_000 / 128) * 128
+    assert split_chunk(2_000, p) == 256
+
+
+@pytest.mark.parametrize("kwargs, name", [
+    (dict(target_items=0), "target_items"),
+    (dict(target_items=4, align_tokens=96), "align_tokens"),
+    (dict(target_items=4, fast_tile=256), "fast_tile"),
+    (dict(target_items=4, min_split_tokens=2**31), "min_split_tokens"),
+    (dict(target_items=True), "target_items"),
+])
+def test_bad_policies_name_themselves(kwargs, name):
+    with pytest.raises(ValueError, match=name):
+        SplitPolicy(**kwargs)
+
+
+@pytest.mark.parametrize("lens, err", [
+    ([], ValueError), ([[1]], ValueError), ([1.5], TypeError), ([-1], ValueError),
+    (np.array([2**32 + 5], dtype=np.uint64), ValueError),
+])
+def test_bad_lengths(lens, err):
+    with pytest.raises(err, match="seq_lens"):
+        check_lens(lens)
+
+
+def test_max_items_bounds_the_grid():
+    p = SplitPolicy.for_device(8, fast_tile=128)
+    assert p.max_items(10) == 16 + 20
+    with pytest.raises(ValueError, match="batch"):
+        p.max_items(0)
+
+
+# --------------------------------------------------------------------- the device code
+
+DUMP = r"""
+extern "C" void dump_schedule(MlaDecodeParams p, int grid, int* out) {
+    std::barrier<> bar(256);
+    hipmla::host_barrier = &bar;
+    static hipmla::ScheduleSmem<256> sm;
+    for (int b = 0; b < grid; ++b) {
+        std::vector<std::thread> pool;
+        for (int t = 0; t < 256; ++t)
+            pool.emplace_back([&, t] {
+                hipmla::host_thread = unsigned(t);
+                const hipmla::WorkItem it = hipmla::schedule_item<256>(p, b, sm);
+                if (t == 0) {
+                    int* o = out + 6 * b;
+                    o[0] = it.seq; o[1] = it.begin; o[2] = it.end;
+                    o[3] = it.slot; o[4] = it.first_slot; o[5] = it.n_items;
+                }
+            });
+        for (auto& th : pool) th.join();
+    }
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def dump(tmp_path_factory):
+    if CLANG is None:
+        pytest.skip("clang++-22 not installed (the harness uses clang vector types)")
+    d = tmp_path_factory.mktemp("sched")
+    src = d / "sched.cpp"
+    src.write_text(HOST_PRELUDE + translation_unit("core/schedule.h") + DUMP)
+    lib = d / "sched.so"
+    subprocess.run([CLANG, "-std=c++20", "-O1", "-shared", "-fPIC", "-pthread", str(src), "-o", str(lib)],
+                   check=True, capture_output=True, text=True)
+    fn = ctypes.CDLL(str(lib)).dump_schedule
+    fn.argtypes = [DecodeParams, ctypes.c_int, ctypes.c_void_p]
+    return fn
+
+
+def _device_items(dump, layout: KvLayout, policy: SplitPolicy) -> np.ndarray:
+    grid = policy.max_items(layout.batch)
+    out = np.full((grid, 6), -7, dtype=np.int32)
+    indptr = np.ascontiguousarray(layout.kv_indptr, dtype=np.int32)
+    indices = np.ascontiguousarray(layout.kv_indices, dtype=np.int32) if layout.paged else None
+    last = np.ascontiguousarray(layout.kv_last_page_len, dtype=np.int32) if layout.paged else None
+    p = DecodeParams(kv_indptr=indptr.ctypes.data,
+                     kv_indices=None if indices is None else indices.ctypes.data,
+                     kv_last_page_len=None if last is None else last.ctypes.data,
+                     batch=layout.batch, page_shift=layout.page_size.bit_length() - 1,
+                     split_target=policy.target_items, split_min_tokens=policy.min_split_tokens,
+                     split_align=policy.align_tokens, fast_tile=policy.fast_tile)
+    dump(p, grid, out.ctypes.data)
+    return out
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_device_schedule_equals_the_host_model(dump, seed):
+    rng = np.random.default_rng(100 + seed)
+    # batch > 256 on one seed: a thread then owns several sequences
+    lens = random_seq_lens(rng, max_batch=600 if seed == 3 else 80, max_len=5000)
+    page_size = [1, 16, 64, 128][seed]
+    layout = random_page_table(lens, page_size, rng, spare_pages=5) if seed % 2 else KvLayout.contiguous(lens)
+    policy = SplitPolicy.for_device(int(rng.integers(1, 140)), fast_tile=128 if seed >= 2 else 0)
+    got = _device_items(dump, layout, policy)
+    s = schedule(lens, policy)
+    want = np.stack([s.seq, s.begin, s.end, np.arange(s.size), s.first_slot, s.n_items], axis=1)
+    np.testing.assert_array_equal(got[: s.size], want)
+    assert (got[s.size:, 0] == -1).all()  # blocks past the batch's items have none
