@@ -743,3 +743,45 @@ def test_gpu_launch_above_48k_dynamic_shared_memory(gpu_results):
 @pytest.mark.gpu
 def test_gpu_memcpy_kinds_roundtrip(gpu_results):
     assert gpu_results["roundtrip"] is True
+
+
+# --- the project's kernels through hiprtc -> shim -> NVRTC (what the H200 compiles) --------
+
+KERNELS_SCRIPT = """
+    import json
+    from hip import hiprtc
+    from hipmla.kernels import split_kernel, translation_unit
+
+    out = {}
+    for kv, qp in (("bf16", "bf16"), ("fp8", "fp8"), ("mxfp4", "bf16"), ("mxfp4", "mxfp4")):
+        spec = split_kernel(kv, qp)
+        flags = ["--offload-arch=sm_90", "-O3", *spec.options("sm_90")]  # as runtime._compile
+        status, prog = hiprtc.hiprtcCreateProgram(translation_unit(spec.source).encode(), spec.symbol.encode(),
+                                                  0, [], [])
+        (status,) = hiprtc.hiprtcCompileProgram(prog, len(flags), [f.encode() for f in flags])
+        _, log_size = hiprtc.hiprtcGetProgramLogSize(prog)
+        log = bytearray(log_size)
+        hiprtc.hiprtcGetProgramLog(prog, log)
+        code = b""
+        if int(status) == 0:
+            _, size = hiprtc.hiprtcGetCodeSize(prog)
+            buffer = bytearray(size)
+            hiprtc.hiprtcGetCode(prog, buffer)
+            code = bytes(buffer)
+        hiprtc.hiprtcDestroyProgram(prog.createRef())
+        out[spec.symbol] = {"ok": int(status) == 0, "elf": code[:4] == b"\\x7fELF",
+                            "has": spec.symbol.encode() in code, "log": log.rstrip(b"\\0").decode()[-3000:]}
+    print(json.dumps(out))
+"""
+
+
+@needs_nvrtc
+def test_project_kernels_compile_for_sm_90(shim, tmp_path):
+    """Every cache format's portable kernel (schedule, paged rows and in-kernel merge
+    included) builds for sm_90 exactly as the GPU run builds it."""
+    env = {**nvidia.shim_env(shim), "HIPMLA_LIBCUDA": MISSING_LIBCUDA}
+    results = run_child(KERNELS_SCRIPT, env)
+    assert len(results) == 4
+    for symbol, r in results.items():
+        assert r["ok"], f"{symbol}:\n{r.get('log')}"
+        assert r["elf"] and r["has"], symbol
