@@ -839,6 +839,7 @@ class BoundLaunch:
                 check(hip.hipModuleLaunchKernel(handle, gx, gy, gz, bx, by, bz, shared_bytes,
                                                 _stream_handle(stream), None, extra))
 
+            run_hip_python.binding = self
             return run_hip_python
         call = functools.partial(launch, fn.address, gx, gy, gz, bx, by, bz, shared_bytes,
                                  _stream_address(stream), None, self.extra_address)
@@ -848,6 +849,7 @@ class BoundLaunch:
             if status:
                 raise _error_for(hip.hipError_t(status))
 
+        run.binding = self  # the extra array and the argument struct live as long as the launch
         return run
 
 

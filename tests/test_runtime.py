@@ -886,3 +886,31 @@ def test_launch_goes_through_the_loaded_library(fake, monkeypatch, tmp_path):
     lib.fake_set_status(int(hipError_t.hipErrorLaunchFailure))
     with pytest.raises(runtime.HipError, match="hipErrorLaunchFailure"):
         fn.launch((1, 1, 1), (1, 1, 1), args)
+
+
+def test_a_prepared_launch_keeps_its_arguments_alive(monkeypatch):
+    """The hot path keeps only the prepared callable: the extra array and the argument
+    struct it points into must live as long as that callable (a dangling extra array
+    made every launch fail with hipErrorInvalidValue on the H200)."""
+    import ctypes
+    import gc
+
+    class Args(ctypes.Structure):
+        _fields_ = [("x", ctypes.c_int64)]
+
+    seen = []
+
+    def fake_launch(fn, gx, gy, gz, bx, by, bz, shared, stream, params, extra):
+        arr = (ctypes.c_void_p * 5).from_address(extra)
+        size = ctypes.c_size_t.from_address(arr[3]).value
+        seen.append((arr[0], Args.from_address(arr[1]).x, size, fn, gx, stream))
+        return 0
+
+    monkeypatch.setattr(runtime, "_c_launcher", lambda: fake_launch)
+    fn = runtime.Function(0x1234, module=None, symbol="k")
+    run = fn.bind(Args(x=77)).prepare((5, 1, 1), (256, 1, 1), 0, 0x99)
+    gc.collect()
+    junk = [Args(x=-1) for _ in range(1000)]  # reuse freed memory if the binding died
+    run()
+    assert seen == [(runtime._LAUNCH_PARAM_BUFFER_POINTER, 77, 8, 0x1234, 5, 0x99)]
+    del junk
