@@ -119,6 +119,8 @@ def buffer_key(obj):
     address and None are their own key."""
     if obj is None or type(obj) is int:
         return obj
+    if isinstance(obj, np.integer):  # a raw address as numpy hands it out
+        return int(obj)
     keyer = _KEYERS.get(type(obj))
     if keyer is None:
         if isinstance(obj, runtime.DeviceArray):
@@ -188,7 +190,9 @@ class Decoder:
         self._slots = 0
         self._params = kernels.DecodeParams()
         # f32 exactly as the emulator forms it: the scale rounded to f32, times log2(e).
-        self._params.sm_scale_log2 = _f32(float(np.float32(self.config.sm_scale) * LOG2E), "sm_scale")
+        with np.errstate(over="ignore", under="ignore"):  # _f32 rejects what does not fit
+            scale_log2 = float(np.float32(self.config.sm_scale) * LOG2E)
+        self._params.sm_scale_log2 = _f32(scale_log2, "sm_scale")
         self._params.split_target = self.policy.target_items
         self._params.split_min_tokens = self.policy.min_split_tokens
         self._params.split_align = self.policy.align_tokens
@@ -223,9 +227,13 @@ class Decoder:
         acc_bytes = slots * heads * kernels.D_V * 4
         ml_bytes = slots * heads * 2 * 4
         grown = runtime.alloc(acc_bytes + ml_bytes + int(max_batch) * 4)
-        # The merger resets each counter it finishes; they start at zero once.
-        runtime.memset(grown.ptr + acc_bytes + ml_bytes, 0, int(max_batch) * 4)
-        runtime.synchronize()  # the memset is done, and runs enqueued on the old buffers too
+        try:
+            # The merger resets each counter it finishes; they start at zero once.
+            runtime.memset(grown.ptr + acc_bytes + ml_bytes, 0, int(max_batch) * 4)
+            runtime.synchronize()  # the memset is done, and runs enqueued on the old buffers too
+        except BaseException:
+            grown.free()
+            raise
         if self._scratch is not None:
             self._scratch.free()
         self._scratch, self._max_batch, self._slots = grown, int(max_batch), slots
@@ -249,9 +257,11 @@ class Decoder:
         go straight to the launch. ``batch`` is needed when ``q`` is a raw address.
         """
         runtime.use_device(self.device.index)
+        # Scalars by type and value: 24.0 or True must not pass because 24 or 1 passed before.
         key = (buffer_key(q), buffer_key(kv), buffer_key(kv_indptr), buffer_key(out),
-               buffer_key(kv_indices), buffer_key(kv_last_page_len), page_size, buffer_key(kv_scale),
-               buffer_key(lse), fp8_scale, kv_scale_stride, batch, self.stream if stream is None else stream)
+               buffer_key(kv_indices), buffer_key(kv_last_page_len), type(page_size), page_size,
+               buffer_key(kv_scale), buffer_key(lse), type(fp8_scale), fp8_scale, type(kv_scale_stride),
+               kv_scale_stride, type(batch), batch, self.stream if stream is None else stream)
         if key != self._last_key:
             self._last_key = None
             self._prepare(q, kv, kv_indptr, out, kv_indices, kv_last_page_len, page_size, kv_scale, lse,
@@ -387,7 +397,8 @@ class Decoder:
 
 def _f32(value: float, name: str) -> float:
     """``value`` as the kernel's f32 receives it: finite and not flushed to zero."""
-    v = np.float32(value)
+    with np.errstate(over="ignore", under="ignore"):  # the range check below says it
+        v = np.float32(value)
     if not np.isfinite(v) or v == 0 or abs(v) < np.finfo(np.float32).tiny:
         raise ValueError(f"{name}: {value!r} is outside the range of the kernel's float32 "
                          f"(normal magnitudes {np.finfo(np.float32).tiny:.3g} .. {np.finfo(np.float32).max:.3g})")
@@ -401,7 +412,10 @@ def _batch(q, batch) -> int:
         return int(batch)
     cai = getattr(q, "__cuda_array_interface__", None)
     if cai is None:
-        raise ValueError("batch: needed when q is a raw address (the sequences of the step)")
+        if isinstance(q, (int, np.integer)) and not isinstance(q, bool):
+            raise ValueError("batch: needed when q is a raw address (the sequences of the step)")
+        device_ptr(q, "q", itemsize=2)  # raises: says what q is instead
+        raise TypeError(f"q: expected a device address (int) or a device buffer, got {type(q).__name__}")
     shape = tuple(cai["shape"])
     if len(shape) != 3 or shape[0] < 1:
         raise ValueError(f"q: expected shape (batch >= 1, {kernels.HEADS}, {kernels.D_QK}), got {shape}")

@@ -668,7 +668,7 @@ def _sm_scale_cases():
 def test_bad_sm_scale_raises_at_construction(monkeypatch, sm_scale, exc):
     gpu = fake_runtime(monkeypatch, "sm_90")
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)  # numpy's overflow note; see the xfail below
+        warnings.simplefilter("error")  # the argument's own message, never a numpy warning first
         with pytest.raises(exc, match="^sm_scale:"):
             decode.Decoder("mxfp4", sm_scale)
     assert gpu.calls["alloc"] == 0  # rejected before any scratch is reserved
@@ -725,7 +725,7 @@ def test_bad_arguments_raise_before_any_launch(monkeypatch, kv_format, call, exc
     dec.run(**args(kv_format=kv_format))  # a good step first: a bad one must not reuse it
     gpu.reset()
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)  # numpy's overflow note; see the xfail below
+        warnings.simplefilter("error")  # the argument's own message, never a numpy warning first
         with pytest.raises(exc, match=f"^{re.escape(name)}:"):
             dec.run(**call())
     assert gpu.launches == [] and gpu.host_calls() == {}
@@ -780,8 +780,6 @@ def test_decode_copies_in_runs_once_and_frees_everything(monkeypatch):
 # ----------------------------------------------------------------------------- known bugs
 
 
-@pytest.mark.xfail(strict=True, reason="buffer_key: numpy integer addresses (accepted by device_ptr) "
-                                       "get a fresh key each call, so every step re-checks and rebinds")
 def test_numpy_integer_addresses_are_checked_once(monkeypatch):
     gpu, dec = make(monkeypatch)
     prepares = count_prepares(monkeypatch, dec)
@@ -792,9 +790,6 @@ def test_numpy_integer_addresses_are_checked_once(monkeypatch):
     assert len(prepares) == 1
 
 
-@pytest.mark.xfail(strict=True, reason="run(): scalar arguments are keyed by value, so one rejected on a "
-                                       "fresh decoder is accepted after an equal-valued good one (24.0 == 24, "
-                                       "True == 1)")
 @pytest.mark.parametrize("good, bad, exc", [
     (dict(kv_scale_stride=24), dict(kv_scale_stride=24.0), TypeError),
     (dict(**paged(), page_size=1), dict(**paged(), page_size=True), ValueError),
@@ -810,17 +805,12 @@ def test_validation_does_not_depend_on_the_previous_step(monkeypatch, good, bad,
         dec.run(**dict(base, **bad))  # raises on a fresh decoder
 
 
-@pytest.mark.xfail(strict=True, reason="run(): a q that is neither an address nor a device buffer (a host "
-                                       "numpy array) without batch= is reported as a missing batch for a raw "
-                                       "address, not as a bad q")
 def test_host_q_without_batch_is_reported_as_a_bad_q(monkeypatch):
     gpu, dec = make(monkeypatch)
     with pytest.raises(TypeError, match="^q: got a host numpy array"):
         dec.run(**args(q=np.zeros((2, H, D_QK), np.uint16)))
 
 
-@pytest.mark.xfail(strict=True, reason="reserve(): when the counters' memset (or the sync) fails, the new "
-                                       "allocation is never freed")
 def test_failed_counter_reset_frees_the_new_scratch(monkeypatch):
     from hipmla import runtime
 
@@ -836,9 +826,6 @@ def test_failed_counter_reset_frees_the_new_scratch(monkeypatch):
     assert [buf for buf in gpu.buffers if buf.ptr] == [dec._scratch]
 
 
-@pytest.mark.xfail(strict=True, reason="_f32/__init__: an sm_scale or fp8_scale beyond float32 first "
-                                       "emits numpy's 'overflow encountered in cast' RuntimeWarning, which "
-                                       "under -W error replaces the ValueError that names the argument")
 @pytest.mark.parametrize("what", ["sm_scale", "fp8_scale"])
 def test_out_of_range_scales_raise_without_a_numpy_warning(monkeypatch, what):
     gpu = fake_runtime(monkeypatch, "sm_90")
