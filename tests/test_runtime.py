@@ -900,7 +900,8 @@ def test_a_prepared_launch_keeps_its_arguments_alive(monkeypatch):
 
     seen = []
 
-    def fake_launch(fn, gx, gy, gz, bx, by, bz, shared, stream, params, extra):
+    def fake_launch(*args):
+        fn, gx, gy, gz, bx, by, bz, shared, stream, params, extra = (getattr(a, "value", a) for a in args)
         arr = (ctypes.c_void_p * 5).from_address(extra)
         size = ctypes.c_size_t.from_address(arr[3]).value
         seen.append((arr[0], Args.from_address(arr[1]).x, size, fn, gx, stream))
