@@ -42,25 +42,22 @@ HIPMLA_DEVICE float lane_xor(float x) {
     return f32_from_bits(lane_read(bits_from_f32(x), lane_id() ^ MASK));
 }
 
-// The KV rows of a 32-token quarter (core/paged.h's row(token), 64-bit), spread over the
-// wave: lane l holds the row of the quarter's token l % 32 (lanes 32..63 repeat lanes
-// 0..31), so a quarter costs one page-table read per lane, which the kernels issue a
-// tile ahead; any lane gets the row of token r (0..31) with at(r), two ds_bpermute.
+// The KV rows of a 32-token quarter (core/paged.h's row(token)), spread over the wave:
+// lane l holds the row of the quarter's token l % 32 (lanes 32..63 repeat lanes 0..31),
+// so a quarter costs one page-table read per lane; any lane gets the row of token r
+// (0..31) with at(r), one ds_bpermute. Rows are held in 32 bits: a row index is below
+// 2^32 in any cache that fits a device (2^32 rows of MXFP4's 288 bytes are 1.2 TB).
 constexpr int QUARTER_ROWS = 32;
 
 struct QuarterRows {
-    long long mine;
+    unsigned mine;
 
-    HIPMLA_DEVICE long long at(int r) const {
-        const unsigned long long lo = lane_read(unsigned(mine), r);
-        const unsigned long long hi = lane_read(unsigned((unsigned long long)mine >> 32), r);
-        return (long long)((hi << 32) | lo);
-    }
+    HIPMLA_DEVICE long long at(int r) const { return (long long)lane_read(mine, r); }
 };
 
 // The rows of the quarter whose first token is `token0` (every token of it must exist).
 HIPMLA_DEVICE QuarterRows quarter_rows(const KvRows& kv, int token0) {
-    return QuarterRows{kv.row(token0 + lane_id() % QUARTER_ROWS)};
+    return QuarterRows{unsigned(kv.row(token0 + lane_id() % QUARTER_ROWS))};
 }
 
 // Max / sum over the four lane groups (lanes l, l ^ 16, l ^ 32, l ^ 48).

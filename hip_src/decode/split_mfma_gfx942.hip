@@ -1,8 +1,11 @@
 // gfx942 fast split kernel: bf16 Q, bf16 / fp8 (e4m3fnuz) / MXFP4 KV, whole 128-token
-// tiles only. One block per work item of the fast work list (same (seq, token_begin,
-// token_end, slot) items and outputs as decode/split.hip: partial slots for the combine
-// kernel, or bf16 output + natural-log LSE for slot -1). Q.K and P.V both run on the
-// bf16 MFMA; KV is turned into bf16 in registers.
+// tiles only; Q.K and P.V both run on the bf16 MFMA, KV is turned into bf16 in registers.
+// Launched with the same grid as decode/split.hip: block i derives work item i from the
+// batch (core/schedule.h) and runs it only when it is whole p.fast_tile tiles (the items
+// split.hip skips), otherwise returns. It writes what a portable item writes: bf16
+// output + natural-log LSE for a sequence of one item, else its partial slot, after
+// which the last item of the sequence to finish (whichever kernel ran it) merges the
+// slots (core/merge.h).
 // Numerics: those of hip_src/KERNELS.md for Q precision bf16, walked in the same
 // schedule as the gfx950 fast kernel (hipmla.emulate.GFX942_SCHEDULE, "Fast paths" in
 // hip_src/KERNELS.md).
@@ -25,7 +28,13 @@
 // No KV goes through LDS: every lane loads the KV bytes its MFMA operands need straight
 // from global memory (16 contiguous elements of one row for Q.K; one dword of each of 4
 // rows for P.V, the first 512 columns read a second time from cache). That keeps LDS at
-// the 16 KiB merge buffer, far inside gfx942's 64 KiB, so LDS never limits occupancy.
+// the 16 KiB merge buffer plus the schedule's 2 KiB, far inside gfx942's 64 KiB, so LDS
+// never limits occupancy.
+//
+// Rows come from core/paged.h, so any page size (1..128) and any page ids work: at the
+// start of a tile each wave reads its quarter's 32 rows, one per lane (arch/cdna.h
+// QuarterRows: one page-table read per lane), and a lane takes the row of each token it
+// loads from there (ds_bpermute): one row per Q.K group, four per P.V group.
 //
 // Lane roles (arch/gfx942.h): Q.K is computed transposed, S^T = K Q^T (A = K rows, B =
 // Q), so a lane ends with the scores of ONE head (lane_col) for tokens 4g..4g+3 of each
@@ -36,6 +45,9 @@
 #include "common/config.h"
 #include "common/numerics.h"
 #include "common/platform.h"
+#include "core/merge.h"
+#include "core/paged.h"
+#include "core/schedule.h"
 #include "arch/gfx942.h"
 
 #if !defined(HIPMLA_KV_FORMAT) || !defined(HIPMLA_Q_PRECISION) || !defined(HIPMLA_FP8_FNUZ)
@@ -62,7 +74,7 @@ using namespace gfx942;
 constexpr int KV = HIPMLA_KV_FORMAT;
 constexpr int WAVES = 4;
 constexpr int THREADS = WAVES * WAVE;
-constexpr int TILE = 128;                          // tokens per block step (planner unit)
+constexpr int TILE = 128;                          // tokens per block step (p.fast_tile)
 constexpr int QUARTER = TILE / WAVES;              // tokens per wave step
 constexpr int GROUPS = QUARTER / MFMA_N;           // 16-token MFMA groups per quarter
 constexpr int ELEMS_PER_DWORD = KV == FORMAT_MXFP4 ? 8 : KV == FORMAT_FP8 ? 4 : 2;
@@ -83,6 +95,7 @@ constexpr int TILES_PER_WAVE = MERGE_TILES / WAVES;            // output tiles e
 static_assert(THREADS == BLOCK_THREADS, "the fast kernel launches the project's block size");
 static_assert(HEADS == MFMA_N, "one head per lane_col: H = 16");
 static_assert(QUARTER % MFMA_N == 0, "a quarter is whole MFMA groups");
+static_assert(QUARTER == QUARTER_ROWS, "a quarter's rows are one QuarterRows");
 static_assert(D_QK % CHUNK == 0, "Q.K chunks tile the row");
 static_assert(LANE_CHUNK % MX_BLOCK == 0 || MX_BLOCK % LANE_CHUNK == 0, "a lane's chunk sits in one MX block");
 static_assert(V_TILES == 32 && V_TILES % MERGE_TILES == 0, "32 accumulator tiles, merged in whole rounds");
@@ -94,11 +107,11 @@ struct Merge {
     alignas(16) float acc[MERGE_TILES * 4][WAVE];  // one round of a wave's accumulators, register order
 };
 
-// Token t of sequence `seq` is KV row kv_indptr[seq] + t (the one place that knows it,
-// as in split.hip).
-HIPMLA_DEVICE long long kv_row(const MlaDecodeParams& p, int seq, int token) {
-    return (long long)p.kv_indptr[seq] + token;
-}
+struct Smem {
+    ScheduleSmem<THREADS> sched;                   // the block's work item (start)
+    Merge merge;                                   // the four waves' states (end)
+    int last;                                      // arrive_last's flag
+};
 
 HIPMLA_DEVICE const unsigned char* row_ptr(const MlaDecodeParams& p, long long row) {
     return static_cast<const unsigned char*>(p.kv) + row * ROW_BYTES;
@@ -174,9 +187,10 @@ HIPMLA_DEVICE QOperand load_q_operand(const MlaDecodeParams& p, int seq) {
     return op;
 }
 
-// S^T of one 16-token group starting at `row0`: D[4g + i][h] = k_{row0 + 4g + i} . q_h (raw).
-HIPMLA_DEVICE f32x4 group_scores(const MlaDecodeParams& p, long long row0, const QOperand& q) {
-    const long long row = row0 + lane_col();  // A row = token
+// S^T of 16-token group s of the quarter of `rows`: D[4g + i][h] = k_{16 s + 4g + i} . q_h
+// (raw).
+HIPMLA_DEVICE f32x4 group_scores(const MlaDecodeParams& p, const QuarterRows& rows, int s, const QOperand& q) {
+    const long long row = rows.at(MFMA_N * s + lane_col());  // A row = token
     f32x4 d = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
     for (int j = 0; j < CHUNKS; ++j) {
@@ -188,11 +202,17 @@ HIPMLA_DEVICE f32x4 group_scores(const MlaDecodeParams& p, long long row0, const
     return d;
 }
 
-// acc[vg * ELEMS_PER_DWORD + n] += V^T P^T for one group: D row x of that tile is value
-// column ELEMS_PER_DWORD * (16 vg + x) + n, D column the head lane_col. `pt` is P^T as
-// this lane's bf16 pairs (tokens row0 + 4g + 0..3).
-HIPMLA_DEVICE void group_pv(const MlaDecodeParams& p, long long row0, u32x2 pt, f32x4* acc) {
-    const int r = lane_col(), g = lane_rowgroup();
+// acc[vg * ELEMS_PER_DWORD + n] += V^T P^T for group s of the quarter of `rows`: D row x
+// of that tile is value column ELEMS_PER_DWORD * (16 vg + x) + n, D column the head
+// lane_col. `pt` is P^T as this lane's bf16 pairs (tokens 16 s + 4g + 0..3).
+HIPMLA_DEVICE void group_pv(const MlaDecodeParams& p, const QuarterRows& rows, int s, u32x2 pt, f32x4* acc) {
+    const int r = lane_col();
+    // Tokens 16 s + 4 g + e: the lane id is opaque here, so the bpermute indices are made
+    // per call instead of eight of them being held across the tile loop.
+    const int t0 = MFMA_N * s + K_PER_LANE * (lane_id_fresh() / MFMA_N);
+    long long row[K_PER_LANE];
+#pragma unroll
+    for (int e = 0; e < K_PER_LANE; ++e) row[e] = rows.at(t0 + e);
 #pragma unroll
     for (int vg = 0; vg < V_GROUPS; ++vg) {
         // One value group at a time: hoisting the next group's loads and converts would
@@ -201,7 +221,7 @@ HIPMLA_DEVICE void group_pv(const MlaDecodeParams& p, long long row0, u32x2 pt, 
         const int word = MFMA_N * vg + r;
         unsigned w[K_PER_LANE];
 #pragma unroll
-        for (int e = 0; e < K_PER_LANE; ++e) w[e] = reinterpret_cast<const unsigned*>(row_ptr(p, row0 + K_PER_LANE * g + e))[word];
+        for (int e = 0; e < K_PER_LANE; ++e) w[e] = reinterpret_cast<const unsigned*>(row_ptr(p, row[e]))[word];
         if constexpr (KV == FORMAT_BF16) {
             acc[2 * vg] = mfma_bf16_16x16x16(u32x2{pick_halves<true>(w[0], w[1]), pick_halves<true>(w[2], w[3])}, pt, acc[2 * vg]);
             acc[2 * vg + 1] = mfma_bf16_16x16x16(u32x2{pick_halves<false>(w[0], w[1]), pick_halves<false>(w[2], w[3])}, pt,
@@ -210,7 +230,7 @@ HIPMLA_DEVICE void group_pv(const MlaDecodeParams& p, long long row0, u32x2 pt, 
             float f[K_PER_LANE][ELEMS_PER_DWORD];
 #pragma unroll
             for (int e = 0; e < K_PER_LANE; ++e) {
-                const float scale = block_scale(p, row0 + K_PER_LANE * g + e, word * ELEMS_PER_DWORD / MX_BLOCK);
+                const float scale = block_scale(p, row[e], word * ELEMS_PER_DWORD / MX_BLOCK);
                 dword_to_f32<KV>(w[e], scale, f[e]);
             }
 #pragma unroll
@@ -234,18 +254,22 @@ HIPMLA_KERNEL(hipmla::fast942::THREADS) void HIPMLA_FAST_NAME(const MlaDecodePar
     using namespace hipmla;
     using namespace hipmla::gfx942;
     using namespace hipmla::fast942;
-    __attribute__((shared)) Merge sm;
+    __attribute__((shared)) Smem smem;
+    Merge& sm = smem.merge;
 
-    const int* item = p.work + 4 * block_index();
-    const int seq = item[0];
-    const int token_begin = item[1];
-    const int n_tiles = (item[2] - item[1]) / TILE;  // the planner gives whole tiles only
-    const int slot = item[3];
+    const WorkItem it = schedule_item<THREADS>(p, int(block_index()), smem.sched);
+    const int n_tokens = it.end - it.begin;
+    // Only the items split.hip skips: whole p.fast_tile tiles (p.fast_tile a multiple of TILE).
+    if (it.seq < 0 || p.fast_tile <= 0 || n_tokens <= 0 || n_tokens % p.fast_tile != 0 || n_tokens % TILE != 0) return;
+    const int seq = it.seq;
+    const int n_tiles = n_tokens / TILE;
+    const int slot = it.n_items > 1 ? it.slot : -1;
     const int w = wave_id();
     const int lane = lane_id();
     const int h = lane_col();
     const int g = lane_rowgroup();
-    const long long row_begin = kv_row(p, seq, token_begin) + QUARTER * w;
+    const KvRows kv = kv_rows(p, seq);
+    const int quarter_begin = it.begin + QUARTER * w;  // this wave's first token of tile 0
     // fp8: the tensor scale stays out of the products (split.hip's order: c * scale first).
     const float score_scale = KV == FORMAT_FP8 ? p.sm_scale_log2 * p.kv_fp8_scale : p.sm_scale_log2;
     const float value_scale = KV == FORMAT_FP8 ? p.kv_fp8_scale : 1.0f;
@@ -260,12 +284,15 @@ HIPMLA_KERNEL(hipmla::fast942::THREADS) void HIPMLA_FAST_NAME(const MlaDecodePar
     for (int t = 0; t < V_TILES; ++t) acc[t] = f32x4{0.0f, 0.0f, 0.0f, 0.0f};
 
     for (int tile = 0; tile < n_tiles; ++tile) {
-        const long long row0 = row_begin + (long long)TILE * tile;
+        // The quarter's rows, read where nothing else is in flight: row() uses the page id
+        // as soon as it has read it, so a read a tile ahead would only move the wait (and
+        // the loop-carried copy costs registers that fp8 does not have below 256).
+        const QuarterRows rows = quarter_rows(kv, quarter_begin + TILE * tile);
         f32x4 score[GROUPS];
         float tile_max = neg_inf;
 #pragma unroll
         for (int s = 0; s < GROUPS; ++s) {
-            score[s] = group_scores(p, row0 + MFMA_N * s, q);
+            score[s] = group_scores(p, rows, s, q);
 #pragma unroll
             for (int i = 0; i < 4; ++i) {
                 score[s][i] *= score_scale;
@@ -291,7 +318,7 @@ HIPMLA_KERNEL(hipmla::fast942::THREADS) void HIPMLA_FAST_NAME(const MlaDecodePar
 #pragma unroll
         for (int t = 0; t < V_TILES; ++t) acc[t] *= alpha;
 #pragma unroll
-        for (int s = 0; s < GROUPS; ++s) group_pv(p, row0 + MFMA_N * s, pt[s], acc);
+        for (int s = 0; s < GROUPS; ++s) group_pv(p, rows, s, pt[s], acc);
     }
 
     // Merge the four waves: M = max m_w, weights exp2(m_w - M), L = sum in wave order,
@@ -351,4 +378,7 @@ HIPMLA_KERNEL(hipmla::fast942::THREADS) void HIPMLA_FAST_NAME(const MlaDecodePar
         }
         block_sync();  // the buffer is free for the next round
     }
+    // A split sequence: the last of its items to finish (this kernel's or split.hip's)
+    // merges the slots.
+    if (slot >= 0 && arrive_last(p, it, &smem.last)) merge_partials<THREADS>(p, it);
 }

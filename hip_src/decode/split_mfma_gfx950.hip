@@ -21,9 +21,15 @@
 // waves meet only to quantize Q at the start and to merge their states at the end.
 //
 // Rows come from core/paged.h, so any page size (1..128) and any page ids work: each wave
-// holds its quarter's 32 rows one per lane (arch/cdna.h QuarterRows, read one tile ahead
-// of the copy that uses them), and every lane of a copy gathers the 16-byte chunk of
-// the row it moves, while the LDS side of the copy stays contiguous (32 x 288 bytes).
+// holds its quarter's 32 rows one per lane (arch/cdna.h QuarterRows: one page-table read
+// per lane, made at the end of the tile before the copy that uses them), and in each of
+// a quarter's 9 1 KiB copies every lane gathers its own 16-byte chunk (copy c, lane l:
+// chunk k = 64 c + l, i.e. bytes 16 (k % 18).. of the row of token k / 18, taken from
+// QuarterRows by ds_bpermute), while the LDS side stays contiguous: 32 rows x 288 bytes,
+// exactly as a contiguous cache would land. Lane l also loads the 9 E8M0 bytes
+// 9 (l % 2).. of token l / 2's scale row, held packed in registers until they go to LDS.
+// LDS: two buffers per wave (78,848 B); the schedule's scan and Q stage in the second
+// buffers before the first prefetch, the wave merge reuses all of it at the end.
 //
 // Per quarter, in wave64 lane roles (arch/gfx950.h): Q.K is computed transposed,
 // S^T = K Q^T (A = K rows, B = Q), so each lane ends with scores of ONE head
@@ -83,7 +89,8 @@ static_assert(QUARTER_BYTES % 1024 == 0 && 1024 == 16 * WAVE, "a quarter is whol
 static_assert(ROW_CHUNKS * 16 == ROW_BYTES, "a row is whole 16-byte chunks");
 static_assert(QUARTER == QUARTER_ROWS, "a quarter's rows are one QuarterRows");
 static_assert(QUARTER == BF16_K, "one bf16 MFMA k-step per quarter");
-static_assert(QUARTER * SCALES == SCALE_BYTES_PER_LANE * WAVE, "scales: equal bytes per lane");
+static_assert(QUARTER * SCALES == SCALE_BYTES_PER_LANE * WAVE && SCALE_BYTES_PER_LANE == 9,
+              "scales: 9 bytes per lane (LaneScales)");
 static_assert(D_V == V_GROUPS * MFMA_N * 8, "V groups tile the value width");
 
 struct Buffer {
@@ -213,30 +220,40 @@ HIPMLA_DEVICE QOperand load_q_operand(const QStage& qs) {
     return op;
 }
 
+// A lane's 9 scale bytes of a quarter (bytes 9 (l % 2) .. + 8 of the quarter's row l / 2),
+// held as loaded (bytes 0..7, byte 8) until put_scales: nothing reads them in between,
+// so the compiler has no reason to wait for the load before the tile's compute.
+struct LaneScales {
+    u32x2 lo;
+    unsigned hi;
+};
+
 // Starts the copy of one quarter (the 32 rows of `rows`) into `b`: in copy c lane l moves
 // chunk k = 64 c + l of the quarter's 32 x 18 chunks, i.e. chunk k % 18 of row k / 18, to
-// LDS byte 16 k (rows back to back). Its scales come back in registers (`scales`: lane l
-// holds bytes 9 (l % 2) .. + 8 of row l / 2), written to LDS by put_scales once landed.
-HIPMLA_DEVICE void fetch_quarter(Buffer& b, const MlaDecodeParams& p, const QuarterRows& rows, unsigned* scales) {
+// LDS byte 16 k (rows back to back, whatever rows they are). Its scales come back in
+// registers, written to LDS by put_scales once they have landed.
+HIPMLA_DEVICE LaneScales fetch_quarter(Buffer& b, const MlaDecodeParams& p, const QuarterRows& rows) {
     const unsigned char* kv = static_cast<const unsigned char*>(p.kv);
-    const int lane = lane_id_fresh();  // the copy indices below are recomputed per tile
+    const unsigned lane = unsigned(lane_id_fresh());  // the copy indices are recomputed per tile
 #pragma unroll
     for (int c = 0; c < COPIES; ++c) {
-        const int k = WAVE * c + lane;
-        const int r = k / ROW_CHUNKS;
-        gather_1k_to_lds(kv + rows.at(r) * ROW_BYTES + 16 * (k - ROW_CHUNKS * r), b.kv + 1024 * c);
+        const unsigned k = WAVE * c + lane;
+        const unsigned r = k / ROW_CHUNKS;
+        gather_1k_to_lds(kv + rows.at(int(r)) * ROW_BYTES + 16 * (k - ROW_CHUNKS * r), b.kv + 1024 * c);
     }
-    const int r = lane / 2, half = lane % 2;
-    const unsigned char* s = p.kv_scale + rows.at(r) * p.stride_kv_scale + SCALE_BYTES_PER_LANE * half;
-#pragma unroll
-    for (int k = 0; k < SCALE_BYTES_PER_LANE; ++k) scales[k] = s[k];
+    const unsigned r = lane / 2, half = lane % 2;
+    const unsigned char* s = p.kv_scale + rows.at(int(r)) * p.stride_kv_scale + SCALE_BYTES_PER_LANE * half;
+    LaneScales sc;
+    __builtin_memcpy(&sc.lo, s, 8);  // any alignment: scale rows have any stride
+    sc.hi = s[8];
+    return sc;
 }
 
-HIPMLA_DEVICE void put_scales(Buffer& b, const unsigned* scales) {
+HIPMLA_DEVICE void put_scales(Buffer& b, const LaneScales& sc) {
     const int lane = lane_id();
     unsigned char* d = b.scale + (lane / 2) * SCALE_STRIDE + SCALE_BYTES_PER_LANE * (lane % 2);
-#pragma unroll
-    for (int k = 0; k < SCALE_BYTES_PER_LANE; ++k) d[k] = (unsigned char)scales[k];
+    __builtin_memcpy(d, &sc.lo, 8);
+    d[8] = (unsigned char)sc.hi;
 }
 
 // S^T of one quarter: score[i][j] = q_{lane_col} . k_{score_token(i, 4 g + j)} (raw).
@@ -326,15 +343,16 @@ HIPMLA_KERNEL(hipmla::fast950::THREADS) void HIPMLA_FAST_NAME(const MlaDecodePar
     const KvRows kv = kv_rows(p, seq);
     const int quarter_begin = it.begin + QUARTER * w;  // this wave's first token of tile 0
 
-    unsigned scales[SCALE_BYTES_PER_LANE];
-    fetch_quarter(sm.start.first[w], p, quarter_rows(kv, quarter_begin), scales);
-    // The rows of the next tile's quarter, read a tile before its copy needs them (the
-    // last tile reads its own again: no token past the item).
-    QuarterRows next_rows = quarter_rows(kv, quarter_begin + (n_tiles > 1 ? TILE : 0));
+    LaneScales scales = fetch_quarter(sm.start.first[w], p, quarter_rows(kv, quarter_begin));
     stage_q(sm.start.q, p, seq);
     block_sync();
     const QOperand q = load_q_operand(sm.start.q);
     block_sync();  // buf[1] (where Q was) is free for the first prefetch
+    // The rows of a quarter are read a tile before its copy (the last tile reads its own
+    // again: no token past the item), always just before the wait for the copies in
+    // flight: row() uses a page id as soon as it has read it, so reading it anywhere else
+    // would wait for those copies early.
+    QuarterRows next_rows = quarter_rows(kv, quarter_begin + (n_tiles > 1 ? TILE : 0));
 
     const float neg_inf = f32_from_bits(0xff800000u);
     float m_run = neg_inf;  // head h, log2 units; equal in the 4 lane groups
@@ -350,10 +368,7 @@ HIPMLA_KERNEL(hipmla::fast950::THREADS) void HIPMLA_FAST_NAME(const MlaDecodePar
         Buffer& cur = sm.buf[tile & 1][w];
         wait_global_loads();
         put_scales(cur, scales);
-        if (tile + 1 < n_tiles) {
-            fetch_quarter(sm.buf[(tile + 1) & 1][w], p, next_rows, scales);
-            next_rows = quarter_rows(kv, quarter_begin + TILE * (tile + 2 < n_tiles ? tile + 2 : tile + 1));
-        }
+        if (tile + 1 < n_tiles) scales = fetch_quarter(sm.buf[(tile + 1) & 1][w], p, next_rows);
 
         f32x4 score[GROUPS];
         quarter_scores(cur, q, score);
@@ -385,6 +400,7 @@ HIPMLA_KERNEL(hipmla::fast950::THREADS) void HIPMLA_FAST_NAME(const MlaDecodePar
             for (int n = 0; n < V_TILES; ++n) acc[vg][n] *= alpha;
         }
         quarter_pv(cur, u32x4{pt_words[0], pt_words[1], pt_words[2], pt_words[3]}, acc);
+        next_rows = quarter_rows(kv, quarter_begin + TILE * (tile + 2 < n_tiles ? tile + 2 : tile));
     }
 
     // Merge the four waves: M = max m_w, weights exp2(m_w - M), L = sum in wave order,
