@@ -704,11 +704,12 @@ def test_gfx942_fast_kernels_within_budget(gfx942_fast):
 
 def test_gfx942_fast_loop_is_one_tile_of_bf16_mfmas(gfx942_fast):
     """Per wave and tile: 2 groups x (36 Q.K + 32 P.V) bf16 MFMAs of 16 MI300X cycles, and
-    no KV through LDS (only the softmax max reduction's ds_bpermute)."""
+    no KV through LDS: only ds_bpermute traffic — 2 for the softmax max reduction and 10
+    that hand each lane the cache row of its token (1 per Q.K group, 4 per P.V group)."""
     _, _, counts = gfx942_fast
     for symbol, c in counts.items():
         assert (c.mfma, c.mfma_cycles) == (136, 136 * 16), (symbol, c)
-        assert c.lds_bytes <= 4 * 64 * 4, (symbol, c)
+        assert c.lds_bytes <= 12 * 64 * 4, (symbol, c)
         assert c.global_loads >= 2 * 9, (symbol, c)  # at least one load per Q.K chunk
     # converting the cache costs VALU in the order bf16 < fp8 < mxfp4
     by_kv = {kv: next(c.valu for s, c in counts.items() if f"_{kv}_" in s) for kv in ("bf16", "fp8", "mxfp4")}
