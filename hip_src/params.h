@@ -26,6 +26,7 @@ struct MlaDecodeParams {
     const int32_t* kv_indices;       // paged: page ids (page p = rows p * page_size ..); null: contiguous
     const int32_t* kv_last_page_len; // paged: [b] rows used in each sequence's last page (1 .. page_size)
     int32_t* counters;               // [b] items of a sequence done; 0 between launches (the merger resets it)
+    int32_t* errors;                 // one word: ERR_* bits of invalid device-side input (core/paged.h), or null
     float* part_acc;                 // [n_slots, h_q, d_v] f32 unnormalised P.V
     float* part_ml;                  // [n_slots, h_q, 2] f32 (running max m in log2 units, sum l)
     void* out;                       // [b, h_q, d_v] bf16
@@ -40,5 +41,7 @@ struct MlaDecodeParams {
     int32_t split_align;             // split boundaries fall on multiples of this (a power of two)
     int32_t fast_tile;               // > 0: a sequence's partial last tile is an item of its own, and the
                                      //      items of whole fast_tile tiles belong to the arch's fast kernel
+    int32_t kv_rows;                 // rows of the cache (kv and kv_scale): no row past it is read; 0: unknown
+    int32_t n_indices;               // paged: entries of kv_indices: no entry past it is read; 0: unknown
     int32_t pad_;                    // keeps sizeof a multiple of 8 on every ABI
 };

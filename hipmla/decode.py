@@ -37,6 +37,25 @@ from hipmla.validate import check_choice, check_positive_finite, format_shape
 #: Batch the decoder reserves for when the caller does not say.
 DEFAULT_MAX_BATCH = 256
 
+#: Bits of the device's error word (hip_src/core/paged.h, ERR_*): device-side input the
+#: host never reads, found invalid by the kernels. The sequence concerned gets NaN.
+DEVICE_ERRORS = {
+    1: "kv_indptr decreases (or is negative) at a sequence",
+    2: "kv_indptr points past the cache rows (contiguous) or past kv_indices (paged)",
+    4: "a page id in kv_indices is negative or its rows pass the end of the cache",
+    8: "kv_last_page_len is outside 1 .. page_size",
+}
+
+
+class DeviceInputError(ValueError):
+    """Invalid device-side input found by the kernels (see :data:`DEVICE_ERRORS`)."""
+
+    def __init__(self, bits: int):
+        self.bits = int(bits)
+        kinds = [text for bit, text in DEVICE_ERRORS.items() if bits & bit]
+        super().__init__("device-side input: " + "; ".join(kinds) +
+                         " (those sequences got NaN output and LSE)")
+
 
 def fp8_variant_for(arch: str) -> str:
     """MI300-class targets (gfx940-942) read e4m3fnuz, every other target OCP e4m3fn."""
@@ -228,10 +247,12 @@ class Decoder:
         heads = self.config.heads
         acc_bytes = slots * heads * kernels.D_V * 4
         ml_bytes = slots * heads * 2 * 4
-        grown = runtime.alloc(acc_bytes + ml_bytes + int(max_batch) * 4)
+        words = int(max_batch) + 2  # the counters, the error word, padding
+        grown = runtime.alloc(acc_bytes + ml_bytes + words * 4)
         try:
-            # The merger resets each counter it finishes; they start at zero once.
-            runtime.memset(grown.ptr + acc_bytes + ml_bytes, 0, int(max_batch) * 4)
+            # The merger resets each counter it finishes; they start at zero once, and so
+            # does the error word (check_errors clears it).
+            runtime.memset(grown.ptr + acc_bytes + ml_bytes, 0, words * 4)
             runtime.synchronize()  # the memset is done, and runs enqueued on the old buffers too
         except BaseException:
             grown.free()
@@ -243,6 +264,7 @@ class Decoder:
         p.part_acc = grown.ptr
         p.part_ml = grown.ptr + acc_bytes
         p.counters = grown.ptr + acc_bytes + ml_bytes
+        p.errors = p.counters + int(max_batch) * 4
         self._last_key = None
 
     # -- launching ----------------------------------------------------------------
@@ -290,6 +312,10 @@ class Decoder:
         # The kernels store up to 16 bytes of output at a time.
         p.out = device_ptr(out, "out", itemsize=2, shape=(b, h, kernels.D_V), align=16)[0]
         p.lse = 0 if lse is None else device_ptr(lse, "lse", itemsize=4, shape=(b, h), kinds="f")[0]
+        # The kernels read no row past the cache's and no page-table entry past its end
+        # (0: a raw address, whose extent is the caller's promise).
+        p.kv_rows = min(kv_shape[0], INT32_MAX) if kv_shape is not None else 0
+        p.n_indices = 0
         if kv_indices is None and kv_last_page_len is None:
             if page_size != 1:
                 raise ValueError(f"page_size: {page_size!r} given without a page table "
@@ -300,7 +326,8 @@ class Decoder:
             raise ValueError("kv_indices/kv_last_page_len: a page table needs both")
         else:
             p.page_shift = check_page_size(page_size).bit_length() - 1
-            p.kv_indices = device_ptr(kv_indices, "kv_indices", itemsize=4, shape=(None,), kinds="i")[0]
+            p.kv_indices, idx_shape = device_ptr(kv_indices, "kv_indices", itemsize=4, shape=(None,), kinds="i")
+            p.n_indices = min(idx_shape[0], INT32_MAX) if idx_shape is not None else 0
             p.kv_last_page_len = device_ptr(kv_last_page_len, "kv_last_page_len", itemsize=4,
                                             shape=(b,), kinds="i")[0]
         if fmt == "mxfp4":
@@ -309,6 +336,8 @@ class Decoder:
             if kv_shape is not None and scale_shape is not None and scale_shape[0] < kv_shape[0]:
                 raise ValueError(f"kv_scale: expected a scale row for each of the {kv_shape[0]} cache rows, "
                                  f"got {scale_shape[0]}")
+            if kv_shape is None and scale_shape is not None:
+                p.kv_rows = min(scale_shape[0], INT32_MAX)
             p.stride_kv_scale = stride
             p.kv_fp8_scale = 1.0
         else:
@@ -334,6 +363,22 @@ class Decoder:
         launches.append(self._split_fn.bind(type(p).from_buffer_copy(p)).prepare(
             grid, block, self._split.dynamic_shared_bytes, stream))
         self._launches = launches
+
+    def check_errors(self) -> None:
+        """Raise :class:`DeviceInputError` if a step since the last check found invalid
+        device-side input (decreasing ``kv_indptr``, entries past the cache or the page
+        table, bad page ids or last-page lengths), then clear the record. It waits for
+        the device: call it between steps (or after a replayed graph), not inside one."""
+        if self._scratch is None:
+            return
+        runtime.use_device(self.device.index)
+        runtime.synchronize()
+        word = np.zeros(1, dtype=np.int32)
+        runtime.copy_dtoh(word, self._params.errors)
+        if word[0]:
+            runtime.memset(self._params.errors, 0, 4)
+            runtime.synchronize()
+            raise DeviceInputError(int(word[0]))
 
     # -- numpy convenience ----------------------------------------------------------
 
@@ -463,5 +508,6 @@ def gpu_check_backend(index: int = 0):
     return f"{info.arch}:{index}", run
 
 
-__all__ = ["Decoder", "DecoderConfig", "PAGE_SIZES", "KvLayout", "buffer_key", "device_ptr",
+__all__ = ["DEVICE_ERRORS", "Decoder", "DecoderConfig", "DeviceInputError", "PAGE_SIZES", "KvLayout",
+           "buffer_key", "device_ptr",
            "fp8_variant_for", "resolve_q_precision"]

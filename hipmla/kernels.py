@@ -65,6 +65,7 @@ class DecodeParams(ctypes.Structure):
         ("kv_indices", ctypes.c_void_p),  # paged: int32 page ids; null: contiguous
         ("kv_last_page_len", ctypes.c_void_p),  # paged: [b] int32
         ("counters", ctypes.c_void_p),  # [b] int32, zero between launches
+        ("errors", ctypes.c_void_p),  # one int32 of ERR_* bits, or null
         ("part_acc", ctypes.c_void_p),  # [n_slots, h_q, d_v] f32
         ("part_ml", ctypes.c_void_p),  # [n_slots, h_q, 2] f32
         ("out", ctypes.c_void_p),  # [b, h_q, d_v] bf16
@@ -78,6 +79,8 @@ class DecodeParams(ctypes.Structure):
         ("split_min_tokens", ctypes.c_int32),
         ("split_align", ctypes.c_int32),
         ("fast_tile", ctypes.c_int32),
+        ("kv_rows", ctypes.c_int32),  # 0: unknown (raw address)
+        ("n_indices", ctypes.c_int32),  # 0: unknown
         ("pad_", ctypes.c_int32),
     ]
 

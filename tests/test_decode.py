@@ -564,10 +564,11 @@ def test_bad_page_tables_raise_before_any_launch(monkeypatch, call, exc, words):
 
 def scratch_layout(dec: decode.Decoder, max_batch: int) -> tuple[int, int, int]:
     """(part_ml - part_acc, counters - part_acc, bytes) the kernels' params.h layout
-    needs: an f32 accumulator and (m, l) pair per head per slot, an int32 per sequence."""
+    needs: an f32 accumulator and (m, l) pair per head per slot, an int32 per sequence,
+    the error word (and a word of padding)."""
     slots = dec.policy.max_items(max_batch)
     acc, ml = slots * H * D_V * 4, slots * H * 2 * 4
-    return acc, acc + ml, acc + ml + max_batch * 4
+    return acc, acc + ml, acc + ml + (max_batch + 2) * 4
 
 
 def test_reserve_sizes_the_scratch_once_and_grows_only(monkeypatch):
@@ -576,7 +577,7 @@ def test_reserve_sizes_the_scratch_once_and_grows_only(monkeypatch):
     (scratch,) = gpu.buffers
     ml_off, counters_off, nbytes = scratch_layout(dec, 4)
     assert scratch.nbytes == dec.scratch_bytes >= nbytes
-    assert gpu.memsets == [(scratch.ptr + counters_off, 0, 4 * 4)]  # the counters start at zero
+    assert gpu.memsets == [(scratch.ptr + counters_off, 0, (4 + 2) * 4)]  # counters and error word start at 0
     dec.run(**args(4))
     launch = gpu.launches[-1]
     assert (launch.part_acc, launch.part_ml, launch.counters) == \
@@ -594,7 +595,7 @@ def test_reserve_sizes_the_scratch_once_and_grows_only(monkeypatch):
     grown = gpu.buffers[-1]
     ml_off, counters_off, nbytes = scratch_layout(dec, 16)
     assert dec.max_batch == 16 and grown.nbytes == dec.scratch_bytes >= nbytes
-    assert gpu.memsets == [(grown.ptr + counters_off, 0, 16 * 4)]
+    assert gpu.memsets == [(grown.ptr + counters_off, 0, (16 + 2) * 4)]
     # the very step that was cached before must now use the new scratch
     dec.run(**args(4))
     dec.run(**args(5))
@@ -837,3 +838,44 @@ def test_out_of_range_scales_raise_without_a_numpy_warning(monkeypatch, what):
             else:
                 decode.Decoder("fp8", 1 / 24).run(**args(kv_format="fp8", fp8_scale=1e39))
     assert gpu.launches == []
+
+
+# ----------------------------------------------------------------------------- device guard
+
+
+def test_the_kernels_get_the_extent_of_every_array_they_index(monkeypatch):
+    """Rows of the cache and entries of the page table go into the parameters, so the
+    kernels check the device-side indices against them; a raw address leaves them 0."""
+    gpu, dec = make(monkeypatch)
+    dec.run(**args(2, rows=400))
+    assert (dec._params.kv_rows, dec._params.n_indices) == (400, 0)
+    dec.run(**args(2, rows=400), **paged(2, pages=64), page_size=16)
+    assert (dec._params.kv_rows, dec._params.n_indices) == (400, 64)
+    raw = {k: v.__cuda_array_interface__["data"][0] if hasattr(v, "__cuda_array_interface__") else v
+           for k, v in args(2, rows=400).items()}
+    dec.run(**raw, batch=2, kv_scale_stride=24)
+    assert (dec._params.kv_rows, dec._params.n_indices) == (0, 0)
+    # the error word sits after the counters, inside the scratch
+    assert dec._params.errors == dec._params.counters + dec.max_batch * 4
+    assert dec._params.errors + 4 <= gpu.buffers[0].ptr + gpu.buffers[0].nbytes
+
+
+def test_check_errors_names_each_kind_and_clears(monkeypatch):
+    from hipmla import runtime
+
+    gpu, dec = make(monkeypatch)
+    word = {"bits": 0}
+
+    def read(host, ptr, stream=None):
+        assert ptr == dec._params.errors
+        host[0] = word["bits"]
+
+    monkeypatch.setattr(runtime, "copy_dtoh", read)
+    dec.check_errors()  # nothing recorded: no exception
+    word["bits"] = 1 | 4
+    gpu.reset()
+    with pytest.raises(decode.DeviceInputError, match="kv_indptr decreases.*page id") as e:
+        dec.check_errors()
+    assert e.value.bits == 5 and isinstance(e.value, ValueError)
+    assert gpu.memsets == [(dec._params.errors, 0, 4)]  # cleared for the next steps
+    assert set(decode.DEVICE_ERRORS) == {1, 2, 4, 8}

@@ -9,6 +9,7 @@ the CPU (one host thread per GPU thread) against the numpy emulator.
 from __future__ import annotations
 
 import ctypes
+from dataclasses import dataclass
 import ctypes.util
 import glob
 import os
@@ -36,7 +37,7 @@ from hipmla.kernels import (
     translation_unit,
 )
 from host_harness import HOST_LAUNCH, HOST_PRELUDE
-from hipmla.paging import KvLayout, random_page_table, scatter
+from hipmla.paging import KvLayout, random_page_table, scatter, take_rows
 from hipmla.schedule import SplitPolicy, schedule
 
 CLANG = shutil.which("clang++-22")
@@ -56,6 +57,14 @@ def test_constants_match_config_header():
         assert values[name] == getattr(kernels, name), name
     for fmt, code in kernels.FORMAT_CODES.items():
         assert values[f"FORMAT_{fmt.upper()}"] == code
+
+
+def test_error_bits_match_the_decoder():
+    from hipmla.decode import DEVICE_ERRORS
+
+    text = (hip_src_dir() / "core" / "paged.h").read_text()
+    bits = {int(m.group(2)): m.group(1) for m in re.finditer(r"constexpr int (ERR_\w+) = (\d+);", text)}
+    assert set(bits) == set(DEVICE_ERRORS) and len(bits) == 4
 
 
 def test_all_kernels_are_every_specialisation():
@@ -392,8 +401,9 @@ def _ptr(a: np.ndarray | None) -> int | None:
 
 
 def run_on_host(host_kernels, q, kv: KVCache, layout: KvLayout, policy: SplitPolicy, sm_scale: float,
-                q_precision: str, arch: str):
-    """The portable kernel over the whole grid, on the CPU; returns (out f32, lse, counters)."""
+                q_precision: str, arch: str, errors: np.ndarray | None = None):
+    """The portable kernel over the whole grid, on the CPU; returns (out f32, lse, counters).
+    ``errors`` (one int32) receives the kernel's error word."""
     batch = layout.batch
     out = np.full((batch, 16, 512), 0x7FC1, dtype=np.uint16)  # NaN: unwritten output shows
     lse = np.full((batch, 16), np.nan, dtype=np.float32)
@@ -404,7 +414,7 @@ def run_on_host(host_kernels, q, kv: KVCache, layout: KvLayout, policy: SplitPol
     indptr = np.ascontiguousarray(layout.kv_indptr, dtype=np.int32)
     indices = None if not layout.paged else np.ascontiguousarray(layout.kv_indices, dtype=np.int32)
     last = None if not layout.paged else np.ascontiguousarray(layout.kv_last_page_len, dtype=np.int32)
-    keep = [q, kv.data, kv.scales, indptr, indices, last]
+    keep = [q, kv.data, kv.scales, indptr, indices, last, errors]
     p = DecodeParams(
         q=_ptr(q), kv=_ptr(kv.data), kv_scale=_ptr(kv.scales), kv_indptr=_ptr(indptr),
         kv_indices=_ptr(indices), kv_last_page_len=_ptr(last), counters=_ptr(counters),
@@ -415,6 +425,7 @@ def run_on_host(host_kernels, q, kv: KVCache, layout: KvLayout, policy: SplitPol
         batch=batch, page_shift=layout.page_size.bit_length() - 1,
         split_target=policy.target_items, split_min_tokens=policy.min_split_tokens,
         split_align=policy.align_tokens, fast_tile=policy.fast_tile,
+        errors=_ptr(errors), kv_rows=kv.rows, n_indices=0 if indices is None else indices.shape[0],
     )
     host_kernels(split_kernel(kv.format, q_precision), arch)(p, grid_decode(grid)[0], 256)
     del keep
@@ -489,6 +500,71 @@ def test_paged_cache_on_cpu_is_bit_identical_to_contiguous(host_kernels, kv_form
     assert (counters == 0).all()
     ref_out, _ = emulate_decode(q, pool, paged, 1 / 24, POLICY)
     assert np.mean(out_p != ref_out.astype(np.float32)) < 2e-3
+
+
+@dataclass
+class RawLayout:
+    """A page table as the device sees it: no host-side validation, so it can be wrong."""
+
+    kv_indptr: np.ndarray
+    kv_indices: np.ndarray | None = None
+    kv_last_page_len: np.ndarray | None = None
+    page_size: int = 1
+
+    @property
+    def batch(self) -> int:
+        return self.kv_indptr.shape[0] - 1
+
+    @property
+    def paged(self) -> bool:
+        return self.kv_indices is not None
+
+
+@pytest.mark.parametrize("kind", ["decreasing indptr", "rows past the cache", "page past the cache",
+                                  "negative page id", "indptr past kv_indices", "last page length"])
+def test_invalid_device_input_gives_nan_and_an_error_bit(host_kernels, kind):
+    """The host never reads kv_indptr / kv_indices / kv_last_page_len: the kernel checks
+    them, reads nothing outside the arrays it was given, writes NaN for the sequence it
+    cannot trust and sets the error word; every other sequence stays right."""
+    q, kv, contiguous = _case("bf16", "e4m3fn", seed=3)
+    rng = np.random.default_rng(4)
+    paged = random_page_table(LENS, 16, rng)
+    pool = scatter(kv, paged)
+    cache = kv
+    if kind == "decreasing indptr":
+        indptr = contiguous.kv_indptr.copy()
+        indptr[6] = indptr[5] - 1  # sequence 5 (300 tokens) ends before it starts; 6 gets longer
+        lay, hit, bit = RawLayout(indptr), [5], 1
+    elif kind == "rows past the cache":
+        cache = take_rows(kv, np.arange(kv.rows - 10))  # the last sequence's rows are gone
+        lay, hit, bit = RawLayout(contiguous.kv_indptr), [len(LENS) - 1], 2
+    else:
+        idx, last, ip = paged.kv_indices.copy(), paged.kv_last_page_len.copy(), paged.kv_indptr.copy()
+        cache = pool
+        if kind == "page past the cache":
+            idx[ip[5] + 1] = pool.rows // 16 + 3  # a page of sequence 5 past the pool
+            hit, bit = [5], 4
+        elif kind == "negative page id":
+            idx[ip[3]] = -2
+            hit, bit = [3], 4
+        elif kind == "indptr past kv_indices":
+            idx = idx[: ip[-1] - 1]  # the table is one entry short for the last sequence
+            hit, bit = [len(LENS) - 1], 2
+        else:
+            last[2] = 17  # page size 16
+            hit, bit = [2], 8
+        lay = RawLayout(ip, idx, last, 16)
+    errors = np.zeros(1, dtype=np.int32)
+    out, lse, counters = run_on_host(host_kernels, q, cache, lay, POLICY, 1 / 24, "bf16", "gfx950", errors)
+    assert errors[0] & bit, (kind, int(errors[0]))
+    assert np.isnan(out[hit]).all() and np.isnan(lse[hit]).all(), kind
+    ok = [s for s in range(len(LENS)) if s not in hit]
+    assert not np.isnan(out[ok]).any() and not np.isnan(lse[ok]).any(), kind
+    assert (counters == 0).all()  # merges of poisoned sequences still reset their counters
+    clean_out, clean_lse, _ = run_on_host(host_kernels, q, kv, contiguous, POLICY, 1 / 24, "bf16", "gfx950")
+    # sequence 6 of the decreasing indptr reads other rows now: finite, but not the clean output
+    good = [s for s in ok if not (kind == "decreasing indptr" and s == 6)]
+    np.testing.assert_allclose(out[good], clean_out[good], rtol=1e-2, atol=1e-3)
 
 
 def test_gfx942_fast_kernels_take_bf16_q_for_every_cache():

@@ -56,6 +56,9 @@ HIPMLA_DEVICE int atomic_add_device(int* p, int v) {
 HIPMLA_DEVICE void atomic_store_device(int* p, int v) {
     __hip_atomic_store(p, v, __ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_AGENT);
 }
+HIPMLA_DEVICE void atomic_or_device(int* p, int v) {
+    __hip_atomic_fetch_or(p, v, __ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_AGENT);
+}
 // After fence_acquire_device the vector caches are invalidated: a plain load is coherent.
 HIPMLA_DEVICE f32x4 load_coherent(const f32x4* p) { return *p; }
 HIPMLA_DEVICE float load_coherent(const float* p) { return *p; }
@@ -90,6 +93,7 @@ HIPMLA_DEVICE void fence_release_device() { __threadfence(); }
 HIPMLA_DEVICE void fence_acquire_device() { __threadfence(); }
 HIPMLA_DEVICE int atomic_add_device(int* p, int v) { return atomicAdd(p, v); }
 HIPMLA_DEVICE void atomic_store_device(int* p, int v) { atomicExch(p, v); }
+HIPMLA_DEVICE void atomic_or_device(int* p, int v) { atomicOr(p, v); }
 HIPMLA_DEVICE f32x4 load_coherent(const f32x4* p) { return __ldcg(p); }
 HIPMLA_DEVICE float load_coherent(const float* p) { return __ldcg(p); }
 

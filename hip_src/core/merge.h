@@ -80,7 +80,7 @@ HIPMLA_DEVICE void merge_partials(const MlaDecodeParams& p, const WorkItem& it) 
         }
     }
 
-    const bool zero = big_l <= 0.0f;
+    const bool zero = big_l <= 0.0f;  // all slots empty; NaN (a bad item's slot) stays NaN
     u32x2* out = reinterpret_cast<u32x2*>(static_cast<unsigned short*>(p.out) + ((long long)it.seq * HEADS + h) * D_V);
 #pragma unroll
     for (int k = 0; k < STEPS; ++k) {

@@ -12,12 +12,39 @@
 
 namespace hipmla {
 
-// Tokens of sequence `seq`.
-HIPMLA_DEVICE int seq_tokens(const MlaDecodeParams& p, int seq) {
+// Bits of the error word (p.errors) for device-side input the host cannot check: the
+// schedule sets them, and the sequence they concern gets NaN output and LSE instead of a
+// read outside the arrays it was given (hipmla.decode.DEVICE_ERRORS mirrors them).
+constexpr int ERR_INDPTR = 1;     // kv_indptr decreases at the sequence, or is negative
+constexpr int ERR_BOUNDS = 2;     // its rows (contiguous) or page-table entries (paged) pass the end
+constexpr int ERR_PAGE = 4;       // a page id is negative or its rows pass the end of the cache
+constexpr int ERR_LAST_PAGE = 8;  // kv_last_page_len outside 1 .. page_size
+
+struct SeqExtent {
+    int tokens;  // 0 for an invalid sequence
+    int bad;     // ERR_* bits
+};
+
+// Tokens of sequence `seq`, and whether its indptr entries (and last-page length) are valid.
+HIPMLA_DEVICE SeqExtent seq_extent(const MlaDecodeParams& p, int seq) {
     const int first = p.kv_indptr[seq];
-    const int n = p.kv_indptr[seq + 1] - first;
-    if (p.kv_indices == nullptr) return n;
-    return n <= 0 ? 0 : ((n - 1) << p.page_shift) + p.kv_last_page_len[seq];
+    const int end = p.kv_indptr[seq + 1];
+    const int n = end - first;
+    int bad = (first < 0 || n < 0) ? ERR_INDPTR : 0;
+    if (p.kv_indices == nullptr) {
+        if (p.kv_rows > 0 && end > p.kv_rows) bad |= ERR_BOUNDS;
+        return bad ? SeqExtent{0, bad} : SeqExtent{n, 0};
+    }
+    if (p.n_indices > 0 && end > p.n_indices) bad |= ERR_BOUNDS;
+    const int last = n > 0 ? p.kv_last_page_len[seq] : 1;
+    if (last < 1 || last > (1 << p.page_shift)) bad |= ERR_LAST_PAGE;
+    if (bad) return SeqExtent{0, bad};
+    return SeqExtent{n <= 0 ? 0 : ((n - 1) << p.page_shift) + last, 0};
+}
+
+// Whether page `page` is a page of the cache (kv_rows 0: the caller promised it is).
+HIPMLA_DEVICE bool page_in_cache(const MlaDecodeParams& p, int page) {
+    return page >= 0 && (p.kv_rows <= 0 || page < (p.kv_rows >> p.page_shift));
 }
 
 struct KvRows {

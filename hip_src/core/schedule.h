@@ -15,6 +15,11 @@
 //            for the arch's fast kernel or shorter than one tile.
 //
 // Items are numbered sequence by sequence; item i is block i's and writes partial slot i.
+// A sequence whose indptr entries are invalid (core/paged.h, ERR_*) counts as empty and
+// its one item is `bad`; so is an item whose page ids leave the cache (each block checks
+// the pages of its own item). Bad items go to the portable kernel, never to a fast kernel
+// (`fast`); the block that runs one sets the error word (report_bad_item) and writes NaN
+// (output, or partial: the merge turns one NaN partial into a NaN output).
 // Sum over s of n_s <= total / chunk + b <= split_target + b (chunk >= total /
 // split_target), plus b with fast_tile: max_items() sizes the grid and the scratch.
 // Cost per block: ceil(b / THREADS) length reads per thread and two block scans.
@@ -32,12 +37,15 @@ struct WorkItem {
     int slot;        // this item's partial slot
     int first_slot;  // the slot of the sequence's first item (its slots are consecutive)
     int n_items;     // items of the sequence; 1: the item writes the output itself
+    int bad;         // ERR_* bits: the item writes NaN instead of reading its rows
+    int fast;        // whole fast_tile tiles of a valid item: the arch's fast kernel runs it
 };
 
 template <int THREADS>
 struct ScheduleSmem {
     long long scan[THREADS];
     WorkItem item;
+    int bad_page;
 };
 
 // Exclusive prefix sum over the block of one value per thread; `total` gets the sum.
@@ -92,6 +100,12 @@ struct SeqSplit {
     }
 };
 
+// Records a bad item's ERR_* bits in the error word (one thread; kept out of
+// schedule_item, where the fast kernels would pay registers for an atomic they never need).
+HIPMLA_DEVICE void report_bad_item(const MlaDecodeParams& p, const WorkItem& it) {
+    if (it.bad && thread_index() == 0 && p.errors != nullptr) atomic_or_device(p.errors, it.bad);
+}
+
 template <int THREADS>
 HIPMLA_DEVICE WorkItem schedule_item(const MlaDecodeParams& p, int block, ScheduleSmem<THREADS>& sm) {
     const int tid = int(thread_index());
@@ -100,7 +114,7 @@ HIPMLA_DEVICE WorkItem schedule_item(const MlaDecodeParams& p, int block, Schedu
     const int s1 = s0 + per < p.batch ? s0 + per : p.batch;
 
     long long mine = 0;
-    for (int s = s0; s < s1; ++s) mine += seq_tokens(p, s);
+    for (int s = s0; s < s1; ++s) mine += seq_extent(p, s).tokens;
     long long total = 0;
     block_exclusive_scan<THREADS>(mine, sm.scan, total);
 
@@ -110,21 +124,26 @@ HIPMLA_DEVICE WorkItem schedule_item(const MlaDecodeParams& p, int block, Schedu
     const SeqSplit split{chunk, p.split_align, p.fast_tile};
 
     long long count = 0;
-    for (int s = s0; s < s1; ++s) count += split.items(seq_tokens(p, s));
-    if (tid == 0) sm.item = WorkItem{-1, 0, 0, -1, -1, 0};
+    for (int s = s0; s < s1; ++s) count += split.items(seq_extent(p, s).tokens);
+    if (tid == 0) {
+        sm.item = WorkItem{-1, 0, 0, -1, -1, 0, 0, 0};
+        sm.bad_page = 0;
+    }
     long long n_all = 0;
     long long first = block_exclusive_scan<THREADS>(count, sm.scan, n_all);
     if (block >= first && block < first + count) {
         for (int s = s0; s < s1; ++s) {
-            const int len = seq_tokens(p, s);
-            const int n = split.items(len);
+            const SeqExtent e = seq_extent(p, s);
+            const int n = split.items(e.tokens);
             if (block < first + n) {
                 WorkItem it;
                 it.seq = s;
-                split.range(len, int(block - first), it.begin, it.end);
+                split.range(e.tokens, int(block - first), it.begin, it.end);
                 it.slot = block;
                 it.first_slot = int(first);
                 it.n_items = n;
+                it.bad = e.bad;
+                it.fast = 0;
                 sm.item = it;
                 break;
             }
@@ -132,7 +151,27 @@ HIPMLA_DEVICE WorkItem schedule_item(const MlaDecodeParams& p, int block, Schedu
         }
     }
     block_sync();
-    return sm.item;
+    WorkItem it = sm.item;
+    if (it.seq >= 0 && p.kv_indices != nullptr && it.end > it.begin) {
+        // The item's page ids, checked before any row of them is read.
+        const int* pages = p.kv_indices + p.kv_indptr[it.seq];
+        const int q0 = it.begin >> p.page_shift;
+        const int q1 = ((it.end - 1) >> p.page_shift) + 1;
+        for (int q = q0 + tid; q < q1; q += THREADS) {
+            if (!page_in_cache(p, pages[q])) sm.bad_page = 1;
+        }
+        block_sync();
+        if (sm.bad_page) it.bad |= ERR_PAGE;
+    }
+    if (tid == 0) {
+        const int len = it.end - it.begin;
+        it.fast = it.seq >= 0 && !it.bad && p.fast_tile > 0 && len > 0 && len % p.fast_tile == 0;
+        sm.item = it;
+    }
+    block_sync();
+    it = sm.item;
+    block_sync();  // sm is free for the kernel's own use after this
+    return it;
 }
 
 }  // namespace hipmla

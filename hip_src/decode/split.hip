@@ -229,9 +229,11 @@ HIPMLA_KERNEL(hipmla::BLOCK_THREADS) void HIPMLA_SPLIT_NAME(const MlaDecodeParam
 
     const int tid = int(thread_index());
     const WorkItem it = schedule_item<BLOCK_THREADS>(p, int(block_index()), sm.sched);
-    const int n_tokens = it.end - it.begin;
     // No item for this block, or whole fast tiles, which the arch's fast kernel runs.
-    if (it.seq < 0 || (p.fast_tile > 0 && n_tokens > 0 && n_tokens % p.fast_tile == 0)) return;
+    if (it.seq < 0 || it.fast) return;
+    // An item with invalid device-side input reads nothing and writes NaN (below).
+    report_bad_item(p, it);
+    const int n_tokens = it.bad ? 0 : it.end - it.begin;
     const int seq = it.seq;
     const int token_begin = it.begin;
     const int slot = it.n_items > 1 ? it.slot : -1;
@@ -322,6 +324,17 @@ HIPMLA_KERNEL(hipmla::BLOCK_THREADS) void HIPMLA_SPLIT_NAME(const MlaDecodeParam
         }
     }
 
+    if (it.bad) {  // NaN partial or output: the merge turns it into NaN for the sequence
+        const float nan = f32_from_bits(0x7fc00000u);
+        m_run = nan;
+        l_part = nan;
+#pragma unroll
+        for (int h = 0; h < HEADS_PER_THREAD; ++h) {
+#pragma unroll
+            for (int e = 0; e < ACC; ++e) acc[h][e] = nan;
+        }
+    }
+
     // Running sum of each head: its sixteen parts, added in a fixed order.
     block_sync();
     sm.red[mh * MAX_LANES + mi] = l_part;
@@ -334,7 +347,8 @@ HIPMLA_KERNEL(hipmla::BLOCK_THREADS) void HIPMLA_SPLIT_NAME(const MlaDecodeParam
             p.part_ml[(slot * HEADS + mh) * 2] = m_run;
             p.part_ml[(slot * HEADS + mh) * 2 + 1] = l;
         } else if (p.lse != nullptr) {
-            p.lse[seq * HEADS + mh] = l > 0.0f ? (m_run + log2_f32(l)) * 0.6931471805599453f : neg_inf;
+            // l = 0 only for an empty sequence; NaN (a bad item) stays NaN.
+            p.lse[seq * HEADS + mh] = !(l <= 0.0f) ? (m_run + log2_f32(l)) * 0.6931471805599453f : neg_inf;
         }
     }
     block_sync();
@@ -356,9 +370,9 @@ HIPMLA_KERNEL(hipmla::BLOCK_THREADS) void HIPMLA_SPLIT_NAME(const MlaDecodeParam
                     float* dst = p.part_acc + ((long long)slot * HEADS + head) * D_V + col + e;
                     *reinterpret_cast<f32x2*>(dst) = f32x2{a0, a1};
                 } else {
-                    // An empty sequence has l = 0 and acc = 0: its output is 0.
-                    const float o0 = l > 0.0f ? a0 / l : 0.0f;
-                    const float o1 = l > 0.0f ? a1 / l : 0.0f;
+                    // An empty sequence has l = 0 and acc = 0: its output is 0 (a bad one NaN).
+                    const float o0 = !(l <= 0.0f) ? a0 / l : 0.0f;
+                    const float o1 = !(l <= 0.0f) ? a1 / l : 0.0f;
                     unsigned* dst = static_cast<unsigned*>(p.out) + (((long long)seq * HEADS + head) * D_V + col + e) / 2;
                     *dst = pack_bf16x2(o0, o1);
                 }

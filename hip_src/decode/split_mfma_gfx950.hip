@@ -331,8 +331,9 @@ HIPMLA_KERNEL(hipmla::fast950::THREADS) void HIPMLA_FAST_NAME(const MlaDecodePar
 
     const WorkItem it = schedule_item<THREADS>(p, int(block_index()), sm.start.sched);
     const int n_tokens = it.end - it.begin;
-    // Only the items split.hip skips: whole p.fast_tile tiles (p.fast_tile a multiple of TILE).
-    if (it.seq < 0 || p.fast_tile <= 0 || n_tokens <= 0 || n_tokens % p.fast_tile != 0 || n_tokens % TILE != 0) return;
+    // Only the items split.hip skips: valid items of whole p.fast_tile tiles (the decoder
+    // sets p.fast_tile = TILE).
+    if (it.seq < 0 || !it.fast) return;
     const int seq = it.seq;
     const int n_tiles = n_tokens / TILE;
     const int slot = it.n_items > 1 ? it.slot : -1;
