@@ -40,7 +40,45 @@ def main() -> int:
                 err = float(np.abs(o - emu.astype(np.float32)).max())
                 worst = max(worst, err)
                 print(f"{fmt} {name}: max |device - emulator| = {err:.3e}")
+            if not corrupted_steps(dec, inputs):
+                return 1
     return 0 if worst < 1e-2 else 1
+
+
+def corrupted_steps(dec: Decoder, inputs) -> bool:
+    """Device-side page tables that point outside the pool or decrease: the kernels must
+    read nothing outside the arrays (memcheck), write NaN for that sequence and flag it."""
+    from hipmla import runtime
+    from hipmla.decode import DeviceInputError
+
+    rng = np.random.default_rng(1)
+    good = random_page_table(LENS, 16, rng)
+    pool = scatter(inputs.kv, good)
+    for name, seq, change in (("page past the pool", 5, lambda ip, ix, la: ix.__setitem__(ip[5] + 3, 10**6)),
+                              ("negative page", 3, lambda ip, ix, la: ix.__setitem__(ip[3], -5)),
+                              ("decreasing indptr", 3, lambda ip, ix, la: ip.__setitem__(4, ip[3] - 2))):
+        ip, ix, la = good.kv_indptr.copy(), good.kv_indices.copy(), good.kv_last_page_len.copy()
+        change(ip, ix, la)
+        host = {"q": inputs.q.view(np.uint16), "kv": pool.data, "kv_indptr": ip, "kv_indices": ix,
+                "kv_last_page_len": la}
+        if pool.scales is not None:
+            host["kv_scale"] = pool.scales
+        dev = {k: runtime.DeviceArray.from_host(np.ascontiguousarray(v)) for k, v in host.items()}
+        out = runtime.DeviceArray((len(LENS), 16, 512), np.uint16)
+        dec.run(out=out, page_size=16, fp8_scale=pool.fp8_scale if pool.format == "fp8" else None, **dev)
+        got = out.to_host().view(np.uint16)
+        for a in list(dev.values()) + [out]:
+            a.free()
+        nan = bool((((got[seq] & 0x7F80) == 0x7F80) & ((got[seq] & 0x7F) != 0)).all())
+        try:
+            dec.check_errors()
+            flagged = 0
+        except DeviceInputError as e:
+            flagged = e.bits
+        print(f"{dec.config.kv_format} {name}: error bits {flagged}, sequence {seq} NaN: {nan}")
+        if not flagged or not nan:
+            return False
+    return True
 
 
 if __name__ == "__main__":

@@ -340,3 +340,52 @@ def test_one_captured_graph_serves_fifty_changing_steps(decoders):
             check(dec, out, lg, qh, host_pool, layout, seqs, f"graph step {s}")
             checked += 1
     assert checked == 6
+
+
+@pytest.mark.parametrize("kind, bit", [("decreasing indptr", 1), ("page past the pool", 4),
+                                       ("negative page id", 4), ("last page length", 8),
+                                       ("table too short", 2)])
+def test_invalid_device_input_gives_nan_and_an_error(decoders, kind, bit):
+    """Page tables the host never reads, corrupted on the device: the affected sequence
+    gets NaN (no read outside the given arrays: memcheck runs the same cases in
+    scripts/sanitize_case.py), the others stay right, check_errors names it once."""
+    from hipmla import runtime
+
+    dec = decoders("fp8")
+    rng = np.random.default_rng(bit)
+    lens = np.array([700, 0, 33, 4000, 129, 1])
+    layout = random_page_table(lens, 16, rng, spare_pages=5)
+    pool = random_cache((int(layout.kv_indices.max()) + 1) * 16, "fp8", rng)
+    q = rng.standard_normal((6, 16, 576), dtype=np.float32).astype(ml_dtypes.bfloat16)
+    ip, idx, last = layout.kv_indptr.copy(), layout.kv_indices.copy(), layout.kv_last_page_len.copy()
+    hit = 3
+    if kind == "decreasing indptr":
+        ip[4] = ip[3] - 1  # sequence 3 ends before it starts
+    elif kind == "page past the pool":
+        idx[ip[3] + 7] = pool.rows // 16 + 100
+    elif kind == "negative page id":
+        idx[ip[3]] = -1
+    elif kind == "last page length":
+        last[3] = 0
+    else:
+        idx, hit = idx[: ip[-1] - 1], 5  # one entry short: the last sequence's page is missing
+    dev = {k: runtime.DeviceArray.from_host(np.ascontiguousarray(v)) for k, v in
+           (("q", q.view(np.uint16)), ("kv", pool.data), ("kv_indptr", ip), ("kv_indices", idx),
+            ("kv_last_page_len", last))}
+    d_out = runtime.DeviceArray((6, 16, 512), np.uint16)
+    d_lse = runtime.DeviceArray((6, 16), np.float32)
+    dec.check_errors()  # nothing left over from other tests
+    dec.run(out=d_out, lse=d_lse, page_size=16, fp8_scale=pool.fp8_scale, **dev)
+    out = d_out.to_host().view(ml_dtypes.bfloat16).astype(np.float32)
+    lse = d_lse.to_host()
+    with pytest.raises(decode.DeviceInputError) as e:
+        dec.check_errors()
+    assert e.value.bits & bit, (kind, e.value.bits)
+    dec.check_errors()  # cleared
+    assert np.isnan(out[hit]).all() and np.isnan(lse[hit]).all(), kind
+    ok = [s for s in range(6) if s != hit and not (kind == "decreasing indptr" and s == 4)]
+    assert np.isfinite(out[ok]).all(), kind
+    emu_out, emu_lse = emulate_decode(q, pool, layout, SM_SCALE, dec.policy, seqs=[0, 2])
+    assert np.abs(out[[0, 2]] - emu_out.astype(np.float32)).max() <= 2e-2 * np.abs(emu_out.astype(np.float32)).max()
+    for a in list(dev.values()) + [d_out, d_lse]:
+        a.free()
