@@ -106,6 +106,79 @@ def make_inputs(
     return DecodeInputs(q=q, kv=kv, layout=layout, sm_scale=float(sm_scale))
 
 
+def _check_seed(seed) -> int:
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+        raise ValueError(f"seed: expected an integer >= 0, got {seed!r}")
+    return int(seed)
+
+
+def _check_seqs(seqs, batch: int) -> np.ndarray:
+    sel = np.asarray(seqs)
+    if sel.ndim != 1 or sel.shape[0] < 1:
+        raise ValueError(f"seqs: expected a 1-D sequence of >= 1 sequence indices, got shape {sel.shape}")
+    if not np.issubdtype(sel.dtype, np.integer):
+        raise TypeError(f"seqs: expected integer sequence indices, got dtype {sel.dtype}")
+    sel = sel.astype(np.int64)
+    if sel.min() < 0 or sel.max() >= batch:
+        bad = int(sel[(sel < 0) | (sel >= batch)][0])
+        raise ValueError(f"seqs: indices must lie in [0, {batch}), got {bad}")
+    return sel
+
+
+def make_sampled_inputs(
+    seq_lens,
+    seqs,
+    kv_format: str,
+    *,
+    seed: int = 0,
+    heads: int = HEADS,
+    sm_scale: float = BENCH_SM_SCALE,
+    fp8_variant: str = "e4m3fn",
+    scale_stride: int | None = None,
+    rule: str = "even",
+) -> DecodeInputs:
+    """The sub-batch of sequences ``seqs`` of a batch with lengths ``seq_lens``, built
+    without the rest of the batch: sequence ``seqs[i]`` becomes sequence ``i`` of the
+    result, with its full length, its rows laid out contiguously from row 0.
+
+    Each sequence's Q row and KV rows come from generators keyed by ``(seed, sequence)``
+    alone, so a sequence's data is the same whichever other sequences are sampled with
+    it (and whatever the batch's other lengths are). It is *not* the data
+    :func:`make_inputs` gives that sequence: that one keys its generators by cache row.
+    Q is N(0,1) in bf16, KV N(0,1) quantized as :func:`make_inputs` does it (fixed fp8
+    per-tensor scale; mxfp4 scales per 32-value block of a row, so per row).
+    """
+    from hipmla.schedule import check_lens
+
+    check_choice(kv_format, "kv_format", KV_FORMATS)
+    seed = _check_seed(seed)
+    lens = check_lens(seq_lens)
+    sel = _check_seqs(seqs, lens.shape[0])
+    sub_lens = lens[sel]
+    layout = KvLayout.contiguous(sub_lens)
+    q = np.stack([np.random.default_rng([seed, int(b), 0]).standard_normal((heads, D_QK), dtype=np.float32)
+                  for b in sel]).astype(ml_dtypes.bfloat16)
+    if kv_format == "mxfp4" and scale_stride is None:
+        scale_stride = default_scale_stride(D_QK)
+    fp8_scale = 8.0 / (448.0 if fp8_variant == "e4m3fn" else 240.0)
+
+    def block(task: tuple[int, int, int]) -> KVCache:
+        b, t0, n = task
+        x = np.random.default_rng([seed, b, 1, t0]).standard_normal((n, D_QK), dtype=np.float32)
+        return quantize_kv(x, kv_format, rule=rule, scale_stride=scale_stride,
+                           fp8_variant=fp8_variant, fp8_scale=fp8_scale)
+
+    tasks = [(int(b), t0, min(_GEN_ROWS, int(n) - t0)) for b, n in zip(sel, sub_lens)
+             for t0 in range(0, int(n), _GEN_ROWS)] or [(0, 0, 0)]
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+        parts = list(pool.map(block, tasks))
+    data = np.concatenate([p.data for p in parts])
+    scales = np.concatenate([p.scales for p in parts]) if kv_format == "mxfp4" else None
+    kv = KVCache(kv_format, data, scales=scales, fp8_scale=parts[0].fp8_scale,
+                 fp8_variant=fp8_variant, dim=D_QK)
+    return DecodeInputs(q=q, kv=kv, layout=layout, sm_scale=float(sm_scale))
+
+
 def random_seq_lens(rng: np.random.Generator, max_batch: int = 300, max_len: int = 20000) -> np.ndarray:
     """A serving-like ragged batch: any size, lengths off every tile multiple, some
     empty sequences, a few long ones."""

@@ -6,7 +6,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from hipmla.inputs import BENCH_SM_SCALE, benchmark_shapes, make_inputs, random_seq_lens
+from hipmla.inputs import BENCH_SM_SCALE, benchmark_shapes, make_inputs, make_sampled_inputs, random_seq_lens
 
 
 def test_benchmark_shapes():
@@ -86,3 +86,61 @@ def test_random_seq_lens_honours_its_limits():
         lens = random_seq_lens(np.random.default_rng(seed), max_batch=50, max_len=100)
         assert 1 <= lens.size <= 50
         assert lens.max() <= 100, f"max_len=100 but seed {seed} gave a length of {lens.max()}"
+
+
+# --- make_sampled_inputs: the sampled sequences of a batch, without the rest ---------------
+
+
+@pytest.mark.parametrize("fmt", ["bf16", "fp8", "mxfp4"])
+def test_sampled_inputs_keep_each_sequence_at_its_length(fmt):
+    lens = [300, 0, 5000, 70]
+    inp = make_sampled_inputs(lens, [2, 0, 1], fmt, seed=1)
+    assert inp.q.shape == (3, 16, 576) and inp.q.dtype == ml_dtypes.bfloat16
+    assert list(inp.seq_lens) == [5000, 300, 0] and list(inp.kv_indptr) == [0, 5000, 5300, 5300]
+    assert inp.kv.rows == 5300 and inp.kv.format == fmt and inp.sm_scale == BENCH_SM_SCALE
+    if fmt == "mxfp4":
+        assert inp.kv.scales.shape == (5300, 24)
+    kv = inp.kv.dequantize()
+    assert abs(float(kv.mean())) < 0.05 and 0.85 < float(kv.std()) < 1.15
+
+
+@pytest.mark.parametrize("fmt", ["bf16", "fp8", "mxfp4"])
+def test_sampled_sequence_data_depends_on_seed_and_sequence_only(fmt):
+    lens = np.full(64, 9000)  # longer than one generation block (8192 rows)
+    both = make_sampled_inputs(lens, [5, 40], fmt, seed=3)
+    alone = make_sampled_inputs(lens, [40], fmt, seed=3)
+    other_batch = make_sampled_inputs(np.full(41, 9000), [40], fmt, seed=3)
+    for x in (alone, other_batch):
+        np.testing.assert_array_equal(x.q.view(np.uint16), both.q[1:].view(np.uint16))
+        np.testing.assert_array_equal(x.kv.data, both.kv.data[9000:])
+        if fmt == "mxfp4":
+            np.testing.assert_array_equal(x.kv.scales, both.kv.scales[9000:])
+    assert not np.array_equal(both.kv.data[:9000], both.kv.data[9000:])
+    reseeded = make_sampled_inputs(lens, [40], fmt, seed=4)
+    assert not np.array_equal(reseeded.kv.data, alone.kv.data)
+    assert not np.array_equal(reseeded.q.view(np.uint16), alone.q.view(np.uint16))
+
+
+def test_sampled_inputs_options_and_empty():
+    inp = make_sampled_inputs([10, 20], [1], "mxfp4", seed=2, heads=4, sm_scale=0.3, scale_stride=18)
+    assert inp.q.shape == (1, 4, 576) and inp.kv.scales.shape == (20, 18) and inp.sm_scale == 0.3
+    fnuz = make_sampled_inputs([10], [0], "fp8", fp8_variant="e4m3fnuz")
+    assert fnuz.kv.fp8_variant == "e4m3fnuz" and fnuz.kv.fp8_scale == pytest.approx(8 / 240)
+    empty = make_sampled_inputs([0, 0], [0, 1], "fp8")
+    assert empty.kv.rows == 0 and list(empty.kv_indptr) == [0, 0, 0]
+
+
+@pytest.mark.parametrize("seqs, kw, exc, match", [
+    ([4], {}, ValueError, r"seqs: indices must lie in \[0, 4\), got 4"),
+    ([-1], {}, ValueError, r"seqs: indices must lie in \[0, 4\), got -1"),
+    ([], {}, ValueError, r"seqs: expected a 1-D sequence of >= 1"),
+    ([[0]], {}, ValueError, r"seqs: expected a 1-D sequence"),
+    ([0.5], {}, TypeError, r"seqs: expected integer sequence indices"),
+    ([0], {"seed": -1}, ValueError, r"seed: expected an integer >= 0, got -1"),
+    ([0], {"seed": 1.5}, ValueError, r"seed: expected an integer >= 0"),
+    ([0], {"kv_format": "int4"}, ValueError, r"kv_format: .*'int4'"),
+])
+def test_sampled_inputs_reject_bad_arguments(seqs, kw, exc, match):
+    kw = {"kv_format": "bf16", **kw}
+    with pytest.raises(exc, match=match):
+        make_sampled_inputs([10, 10, 10, 10], seqs, kw.pop("kv_format"), **kw)
