@@ -166,15 +166,26 @@ def _use_shim() -> None:
     os.environ["ROCM_PATH"] = str(root)
 
 
+def platform_choice() -> str:
+    """``$HIPMLA_PLATFORM`` checked: ``"auto"`` (unset or empty), ``"amd"`` or ``"nvidia"``.
+
+    Any other value raises ValueError naming the variable; :func:`available` would
+    swallow it (it never raises), so callers that fall back to the host when no GPU is
+    found call this first."""
+    raw = os.environ.get("HIPMLA_PLATFORM", "")
+    choice = raw.strip().lower() or "auto"
+    if choice not in ("auto", *PLATFORMS):
+        raise ValueError(
+            f"HIPMLA_PLATFORM: expected one of 'auto', {', '.join(map(repr, PLATFORMS))} "
+            f"(or unset), got {raw!r}"
+        )
+    return choice
+
+
 def _select_platform() -> str:
     """Decide between ROCm and the HIP-on-CUDA library; must run before hip-python
     loads its libraries, since it looks them up once per process."""
-    choice = os.environ.get("HIPMLA_PLATFORM", "auto").strip().lower() or "auto"
-    if choice not in ("auto", *PLATFORMS):
-        raise ValueError(
-            f"HIPMLA_PLATFORM: expected one of 'auto', 'amd', 'nvidia', "
-            f"got {os.environ['HIPMLA_PLATFORM']!r}"
-        )
+    choice = platform_choice()
     if choice == "amd":
         return "amd"
     if choice == "nvidia":
@@ -620,13 +631,14 @@ def compiler_version() -> str:
 
 
 def cache_dir() -> Path | None:
-    """Where compiled code objects are kept, or None when ``HIPMLA_CACHE=0``."""
+    """Where compiled code objects are kept, or None when ``HIPMLA_CACHE=0``:
+    ``$HIPMLA_CACHE_DIR``, else ``$XDG_CACHE_HOME/hipmla/kernels`` (``~/.cache/hipmla/kernels``)."""
     if os.environ.get("HIPMLA_CACHE", "1").strip() == "0":
         return None
     configured = os.environ.get("HIPMLA_CACHE_DIR")
     if configured:
-        return Path(configured)
-    return Path.home() / ".cache" / "hipmla" / "kernels"
+        return Path(configured).expanduser()
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "hipmla" / "kernels"
 
 
 def cache_key(source: str, options: list[str], arch: str) -> str:
