@@ -1,5 +1,8 @@
+"""``python -m hipmla``: see :mod:`hipmla.cli`."""
+
 import sys
 
 from hipmla.cli import main
 
-sys.exit(main())
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,22 +1,36 @@
-"""``python -m hipmla``: check, build, bench and the NVIDIA runtime helper."""
+"""``python -m hipmla``: check, build, bench, profile and the NVIDIA runtime helper."""
 
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 import time
 from dataclasses import dataclass
 
 import numpy as np
 
+from hipmla import __version__
 from hipmla.formats import KV_FORMATS
-from hipmla.inputs import benchmark_shapes, make_inputs
+from hipmla.inputs import benchmark_shapes, make_sampled_inputs
 from hipmla.reference import mla_decode_reference
 
 #: Loose tolerance against exact attention, per Q precision: |out - ref| <= tol * (1 + |ref|).
 #: bf16 Q: P in bf16 and the bf16 output dominate (~0.1% of scale); fp8 and mxfp4 Q add
 #: their own quantization error (see README, "Numerics").
 REFERENCE_TOL = {"bf16": 2e-2, "fp8": 8e-2, "mxfp4": 0.4}
+#: Bound on |lse - ref_lse| (natural log, absolute), per Q precision; a row whose LSE
+#: error exceeds it fails. bf16 Q: Q reaches the kernel exactly and scores are f32, so
+#: the LSE moves only by the bf16 rounding of P, at most 2^-9 relative in every term of
+#: the sum: |d lse| <= ln(1 + 2^-9) ~ 1.95e-3 even if every rounding went one way, plus
+#: the f32 rounding of the scores (~1e-6 each), so 2e-3. That is tight
+#: enough to catch one 64-token tile lost from an 8k sequence (ln(1 - 1/128) ~ -8e-3).
+#: fp8 and mxfp4 Q: the quantization error ds of each score enters the LSE as the
+#: softmax-weighted mean of ds plus half its weighted variance, a bias of one sign that
+#: no tighter analytic bound captures, so the bound is ~2.5x the largest error seen.
+#: Seen on the host emulator, 8 shapes x 3 KV formats x seeds 0-3, 8 sequences each:
+#: bf16 Q <= 2.8e-4; fp8 Q median 9.0e-3, max 1.3e-2; mxfp4 Q median 3.8e-2, max 5.4e-2.
+LSE_TOL = {"bf16": 2e-3, "fp8": 3e-2, "mxfp4": 0.15}
 HOST_NUM_CUS = 256  # the host emulator plans for an MI355X (256 CUs)
 #: Commands with their own argument parsers, in the modules that implement them.
 DELEGATED = {
@@ -25,6 +39,129 @@ DELEGATED = {
     "profile": ("hipmla.profile", "one shape under rocprofv3 with a per-kernel summary (ROCm)"),
     "nvidia-runtime": ("hipmla.nvidia", "build the HIP-on-CUDA library that runs hipmla on NVIDIA GPUs"),
 }
+Q_CHOICES = ("auto", "bf16", "fp8", "mxfp4")
+
+#: What is not a command's output (progress, notes) goes through this logger, to stderr.
+log = logging.getLogger("hipmla")
+
+
+# ----------------------------------------------------------------------------- progress
+
+
+class StderrHandler(logging.Handler):
+    """The CLI's handler of the ``hipmla`` logger: ``hipmla: message`` lines on stderr.
+
+    Records logged with ``extra={"progress": True}`` are status updates: on a terminal
+    they overwrite one another on a single line (``\\r``), elsewhere (a log file, a pipe)
+    each is a line of its own. Call :meth:`end_status` before writing to stdout.
+    """
+
+    def __init__(self, level=logging.NOTSET):
+        super().__init__(level)
+        self.setFormatter(logging.Formatter("hipmla: %(message)s"))
+        self._status = False  # a status line is on the terminal, unterminated
+
+    @staticmethod
+    def _tty() -> bool:
+        try:
+            return sys.stderr.isatty()
+        except (AttributeError, ValueError):
+            return False
+
+    def end_status(self) -> None:
+        if self._status:
+            sys.stderr.write("\r\x1b[K")
+            sys.stderr.flush()
+            self._status = False
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            msg = self.format(record)
+            if getattr(record, "progress", False) and self._tty():
+                sys.stderr.write("\r\x1b[K" + msg)
+                self._status = True
+            else:
+                self.end_status()
+                sys.stderr.write(msg + "\n")
+            sys.stderr.flush()
+        except Exception:  # logging must never take the command down
+            self.handleError(record)
+
+
+def configure_logging(verbosity: int = 0) -> StderrHandler:
+    """Route the ``hipmla`` logger to stderr for a CLI run (once per process; later calls
+    only set the level): INFO by default, WARNING with ``-q``, DEBUG with ``-v``."""
+    handler = next((h for h in log.handlers if isinstance(h, StderrHandler)), None)
+    if handler is None:
+        handler = StderrHandler()
+        log.addHandler(handler)
+    log.setLevel(logging.WARNING if verbosity < 0 else logging.DEBUG if verbosity > 0 else logging.INFO)
+    return handler
+
+
+def progress(message: str) -> None:
+    """One step of a long command: a status line on a terminal, a log line elsewhere."""
+    log.info(message, extra={"progress": True})
+
+
+def end_status() -> None:
+    """Clear a pending status line before writing the command's own output."""
+    for h in log.handlers:
+        if isinstance(h, StderrHandler):
+            h.end_status()
+
+
+# ----------------------------------------------------------------------------- argument types
+
+
+def positive_int(text: str) -> int:
+    """argparse type: an integer >= 1 (argparse names the option in its error)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}")
+    return value
+
+
+def non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
+    return value
+
+
+def device_arg(text: str) -> str:
+    """argparse type of ``--device``: ``auto``, ``host``, ``gpu`` or ``gpu:N``."""
+    value = text.strip().lower()
+    if value in ("auto", "host", "gpu"):
+        return value
+    if value.startswith("gpu:") and value[4:].isdigit():
+        return f"gpu:{int(value[4:])}"
+    hint = " (the numpy emulator of the kernels is --device host)" if value in ("cpu", "emulator") else ""
+    raise argparse.ArgumentTypeError(f"expected auto, host, gpu or gpu:N (N >= 0), got {text!r}{hint}")
+
+
+def shape_names(text: str) -> list[str]:
+    """argparse type of ``--shapes``: comma-separated benchmark shape names, all known."""
+    known = [s.name for s in benchmark_shapes()]
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    if not names:
+        raise argparse.ArgumentTypeError(f"expected one or more of {', '.join(known)}, got {text!r}")
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise argparse.ArgumentTypeError(
+            f"{', '.join(map(repr, unknown))} "
+            f"{'is not a benchmark shape' if len(unknown) == 1 else 'are not benchmark shapes'} "
+            f"(expected a comma-separated list of {', '.join(known)})")
+    return list(dict.fromkeys(names))
+
+
+# ----------------------------------------------------------------------------- check
 
 
 @dataclass(frozen=True)
@@ -39,47 +176,80 @@ class CheckRow:
     frac_bad: float
     lse_max_abs: float
     seconds: float
+    lse_tol: float = float("inf")
+
+    @property
+    def lse_ok(self) -> bool:
+        return bool(self.lse_max_abs <= self.lse_tol)  # NaN fails
+
+    @property
+    def ok(self) -> bool:
+        return bool(self.frac_bad == 0) and self.lse_ok
 
     def line(self) -> str:
+        why = [] if self.ok else (["out"] if self.frac_bad != 0 else []) + ([] if self.lse_ok else ["lse"])
+        verdict = "ok" if self.ok else "FAIL(" + ",".join(why) + ")"
         return (f"{self.shape:>8} {self.kv_format:>6} {self.q_precision:>5} {self.device:>14} "
                 f"{self.sampled:>5} {self.max_abs:>9.2e} {self.max_rel:>9.2e} {self.frac_bad:>9.2e} "
-                f"{self.lse_max_abs:>9.2e} {self.seconds:>8.3f}")
+                f"{self.lse_max_abs:>9.2e} {self.seconds:>8.3f}  {verdict}")
 
 
 HEADER = (f"{'shape':>8} {'kv':>6} {'q':>5} {'device':>14} {'seqs':>5} {'max_abs':>9} "
-          f"{'max_rel':>9} {'frac_bad':>9} {'lse_err':>9} {'time_s':>8}")
+          f"{'max_rel':>9} {'frac_bad':>9} {'lse_err':>9} {'time_s':>8}  result")
 
 
 def sample_seqs(batch: int, sample: int | None) -> np.ndarray:
     """Evenly spread sequence indices (all when ``sample`` is None or >= batch)."""
+    if sample is not None and (isinstance(sample, bool) or not isinstance(sample, (int, np.integer))
+                               or sample < 1):
+        raise ValueError(f"sample: expected an integer >= 1 or None (all sequences), got {sample!r}")
     if sample is None or sample >= batch:
         return np.arange(batch)
     return np.unique(np.linspace(0, batch - 1, sample).round().astype(np.int64))
 
 
 def compare(out, lse, ref_out, ref_lse, tol: float) -> tuple[float, float, float, float]:
+    """``(max_abs, max_rel, frac_bad, lse_max_abs)``; NaN or Inf in ``out`` counts as bad,
+    and an LSE that is -inf on one side only is an infinite error."""
     o = np.asarray(out, dtype=np.float32)
     err = np.abs(o - ref_out)
-    scale = float(np.abs(ref_out).max()) or 1.0
-    bad = err > tol * (1 + np.abs(ref_out))
+    scale = float(np.abs(ref_out).max(initial=0)) or 1.0
+    bad = ~(err <= tol * (1 + np.abs(ref_out)))
     both_inf = np.isneginf(lse) & np.isneginf(ref_lse)
-    lse_err = np.where(both_inf, 0.0, np.abs(lse.astype(np.float64) - ref_lse))
-    return (float(err.max(initial=0)), float(err.max(initial=0)) / scale,
-            float(bad.mean()) if bad.size else 0.0, float(lse_err.max(initial=0)))
+    with np.errstate(invalid="ignore"):
+        lse_err = np.where(both_inf, 0.0, np.abs(np.asarray(lse, np.float64) - ref_lse))
+    max_abs = float(np.max(err)) if err.size else 0.0
+    lse_max = float(np.max(lse_err)) if lse_err.size else 0.0
+    return max_abs, max_abs / scale, float(bad.mean()) if bad.size else 0.0, lse_max
 
 
-def _backend(device: str):
-    """``(label, run)`` where run(inputs, seqs, q_precision) -> (out, lse, seconds)."""
-    if device in ("auto", "gpu") or device.startswith("gpu:"):
-        from hipmla import runtime
+@dataclass(frozen=True)
+class Backend:
+    """Where ``check`` runs: ``run(inputs, seqs, q_precision) -> (out, lse, seconds)``."""
 
-        if runtime.available():
-            from hipmla.decode import gpu_check_backend
+    label: str
+    run: object
+    arch: str | None = None  # None: the host emulator
 
-            index = int(device.split(":")[1]) if ":" in device else 0
-            return gpu_check_backend(index)
-        if device != "auto":
-            raise SystemExit(f"--device {device}: no GPU available through hip-python")
+    def q_precision(self, requested: str, kv_format: str) -> str:
+        """What ``Decoder(q_precision=requested)`` uses here; on the host, auto is bf16."""
+        if requested != "auto":
+            return requested
+        if self.arch is None:
+            return "bf16"
+        from hipmla.decode import resolve_q_precision
+
+        return resolve_q_precision("auto", self.arch, kv_format)
+
+    def fp8_variant(self) -> str:
+        if self.arch is None:
+            return "e4m3fn"
+        from hipmla.decode import fp8_variant_for
+
+        return fp8_variant_for(self.arch)
+
+
+def _host_backend() -> Backend:
     from hipmla.emulate import emulate_decode
     from hipmla.schedule import SplitPolicy
 
@@ -89,58 +259,112 @@ def _backend(device: str):
                                   SplitPolicy.for_device(HOST_NUM_CUS), q_precision=q_precision, seqs=seqs)
         return out, lse, time.perf_counter() - t0
 
-    return "host-emulator", run
+    return Backend("host-emulator", run)
+
+
+def _fail(message: str) -> SystemExit:
+    """A usage or set-up error of ``check``: the message on stderr, exit status 2."""
+    end_status()
+    print(f"hipmla check: {message}", file=sys.stderr)
+    return SystemExit(2)
+
+
+def _backend(device: str) -> Backend:
+    """The backend ``--device`` names; exits with a message naming ``--device`` (or the
+    environment variable) when it cannot be had."""
+    if device == "host":
+        return _host_backend()
+    from hipmla import runtime
+
+    try:
+        runtime.platform_choice()  # HIPMLA_PLATFORM: a bad value is an error, not "no GPU"
+    except ValueError as e:
+        raise _fail(str(e)) from None
+    try:
+        count = runtime.device_count()
+        reason = "hip-python reports no device"
+    except Exception as e:  # any failure to load or start HIP means "no GPU here"
+        count, reason = 0, str(e).splitlines()[0] if str(e) else type(e).__name__
+    if count == 0:
+        if device == "auto":
+            log.info("no GPU reachable through hip-python (%s); checking on the host emulator", reason)
+            return _host_backend()
+        raise _fail(f"--device {device}: no GPU reachable through hip-python ({reason})")
+    index = int(device.split(":")[1]) if ":" in device else 0
+    if index >= count:
+        raise _fail(f"--device {device}: expected a device index in [0, {count}), got {index}")
+    from hipmla.decode import gpu_check_backend
+
+    label, run = gpu_check_backend(index)
+    return Backend(label, run, arch=runtime.device_info(index).arch)
 
 
 def cmd_check(args) -> int:
     formats = KV_FORMATS if args.format == "all" else (args.format,)
     shapes = benchmark_shapes()
     if args.shapes:
-        wanted = set(args.shapes.split(","))
-        shapes = [s for s in shapes if s.name in wanted]
-        if not shapes:
-            raise SystemExit(f"--shapes: none of {sorted(wanted)} is a benchmark shape "
-                             f"({', '.join(s.name for s in benchmark_shapes())})")
-    label, run = _backend(args.device)
-    tol = REFERENCE_TOL[args.q_precision]
-    print(f"hipmla check: device {label}, q precision {args.q_precision}, "
-          f"tolerance |out-ref| <= {tol} * (1 + |ref|), reference = exact f64 attention "
-          f"over the dequantized cache", flush=True)
+        shapes = [s for s in shapes if s.name in set(args.shapes)]
+    backend = _backend(args.device)
+    q_of = {fmt: backend.q_precision(args.q_precision, fmt) for fmt in formats}
+    picks = ", ".join(f"{fmt} cache: {q} Q" for fmt, q in q_of.items())
+    if args.q_precision != "auto":
+        why = "as asked"
+    elif backend.arch is None:
+        why = "auto means bf16 on the host emulator"
+    else:
+        why = f"what Decoder(q_precision='auto') picks on {backend.arch}"
+    print(f"hipmla check {__version__}: device {backend.label}; q precision {args.q_precision} -> "
+          f"{picks} ({why})")
+    tols = "; ".join(f"{q} Q: |out-ref| <= {REFERENCE_TOL[q]} * (1 + |ref|), |lse-ref| <= {LSE_TOL[q]}"
+                     for q in dict.fromkeys(q_of.values()))
+    print(f"tolerance {tols}; reference = exact f64 attention over the dequantized cache; "
+          f"{'all' if args.sample is None else f'up to {args.sample}'} sequences of each shape, "
+          f"at the shape's length, seed {args.seed}", flush=True)
     print(HEADER, flush=True)
     failures = 0
     total = len(formats) * len(shapes)
     for i, (fmt, shape) in enumerate((f, s) for f in formats for s in shapes):
-        print(f"  [{i + 1}/{total}] {shape.name} {fmt}: generating inputs...", end="\r",
-              file=sys.stderr, flush=True)
-        inputs = make_inputs(shape.seq_lens, fmt, seed=args.seed)
+        step = f"[{i + 1}/{total}] {shape.name} {fmt}"
         seqs = sample_seqs(shape.batch, args.sample)
-        print(f"  [{i + 1}/{total}] {shape.name} {fmt}: running {len(seqs)} sequences...  ",
-              end="\r", file=sys.stderr, flush=True)
-        out, lse, seconds = run(inputs, seqs, args.q_precision)
-        ref_out, ref_lse = mla_decode_reference(inputs.q, inputs.kv, inputs.layout,
-                                                inputs.sm_scale, seqs=seqs)
-        row = CheckRow(shape.name, fmt, label, args.q_precision, len(seqs),
-                       *compare(out, lse, ref_out, ref_lse, tol), seconds)
-        failures += row.frac_bad > 0
-        print(" " * 70, end="\r", file=sys.stderr)
+        progress(f"{step}: generating {len(seqs)} sequences of {shape.kv_len} tokens")
+        inputs = make_sampled_inputs(shape.seq_lens, seqs, fmt, seed=args.seed,
+                                     fp8_variant=backend.fp8_variant())
+        q = q_of[fmt]
+        progress(f"{step}: running {len(seqs)} sequences, {q} Q")
+        out, lse, seconds = backend.run(inputs, np.arange(len(seqs)), q)
+        progress(f"{step}: exact reference")
+        ref_out, ref_lse = mla_decode_reference(inputs.q, inputs.kv, inputs.layout, inputs.sm_scale)
+        row = CheckRow(shape.name, fmt, backend.label, q, len(seqs),
+                       *compare(out, lse, ref_out, ref_lse, REFERENCE_TOL[q]), seconds, LSE_TOL[q])
+        failures += not row.ok
+        end_status()
         print(row.line(), flush=True)
     print(f"{total - failures} passed, {failures} failed")
     return 1 if failures else 0
 
 
+# ----------------------------------------------------------------------------- parser and main
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m hipmla", description=__doc__)
-    sub = p.add_subparsers(dest="command", required=True)
+    p.add_argument("--version", action="version", version=f"hipmla {__version__}")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    c = sub.add_parser("check", help="run the 8 benchmark shapes and compare with the exact reference")
+    c = sub.add_parser("check", help="check sampled sequences of the 8 benchmark shapes against the exact reference")
     c.add_argument("--format", default="mxfp4", choices=KV_FORMATS + ("all",))
-    c.add_argument("--q-precision", default="bf16", choices=("bf16", "fp8", "mxfp4"))
-    c.add_argument("--device", default="auto",
-                   help="auto (GPU if hip-python finds one, else host emulator), host, gpu, gpu:N")
-    c.add_argument("--sample", type=int, default=None,
-                   help="check only this many sequences of each batch (spread evenly)")
-    c.add_argument("--shapes", default=None, help="comma-separated subset, e.g. 4x1k,256x8k")
-    c.add_argument("--seed", type=int, default=0)
+    c.add_argument("--q-precision", default="auto", choices=Q_CHOICES,
+                   help="Q precision to check; auto (default): what Decoder picks on the device "
+                        "(bf16 on the host emulator)")
+    c.add_argument("--device", default="auto", type=device_arg,
+                   help="auto (GPU if hip-python finds one, else the host emulator), host "
+                        "(the numpy emulator of the kernels), gpu, gpu:N")
+    c.add_argument("--sample", type=positive_int, default=None,
+                   help="check only this many sequences of each batch (spread evenly; default all)")
+    c.add_argument("--shapes", type=shape_names, default=None,
+                   help="comma-separated subset, e.g. 4x1k,256x8k")
+    c.add_argument("--seed", type=non_negative_int, default=0)
+    c.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
     c.set_defaults(func=cmd_check)
 
     for name, (_module, help_text) in DELEGATED.items():
@@ -150,9 +374,19 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    if argv and argv[0] in DELEGATED:
-        import importlib
+    configure_logging()
+    try:
+        if argv and argv[0] in DELEGATED:
+            import importlib
 
-        return int(importlib.import_module(DELEGATED[argv[0]][0]).main(argv[1:]) or 0)
-    args = build_parser().parse_args(argv)
-    return int(args.func(args) or 0)
+            return int(importlib.import_module(DELEGATED[argv[0]][0]).main(argv[1:]) or 0)
+        args = build_parser().parse_args(argv)
+        if getattr(args, "quiet", False):
+            configure_logging(-1)
+        return int(args.func(args) or 0)
+    except KeyboardInterrupt:
+        end_status()
+        print("hipmla: interrupted", file=sys.stderr)
+        return 130
+    finally:
+        end_status()
