@@ -7,10 +7,13 @@ command line it would run, which is also what the tests check).
 from __future__ import annotations
 
 import argparse
+import logging
 import shutil
 import subprocess
 import sys
 from pathlib import Path
+
+log = logging.getLogger("hipmla")
 
 
 def rocprof_command(shape: str, kv_format: str, out_dir: Path, iters: int = 20,
@@ -39,11 +42,24 @@ def summarize(stats_csv: Path) -> str:
     return "\n".join(lines)
 
 
+def _shape(text: str) -> str:
+    """argparse type of ``--shape``: one benchmark shape name."""
+    from hipmla.inputs import benchmark_shapes
+
+    known = [s.name for s in benchmark_shapes()]
+    if text.strip() not in known:
+        raise argparse.ArgumentTypeError(f"expected one of {', '.join(known)}, got {text!r}")
+    return text.strip()
+
+
 def main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="python -m hipmla profile")
-    p.add_argument("--shape", default="64x8k")
-    p.add_argument("--format", default="mxfp4", choices=("bf16", "fp8", "mxfp4"))
-    p.add_argument("--iters", type=int, default=20)
+    from hipmla.cli import positive_int
+    from hipmla.formats import KV_FORMATS
+
+    p = argparse.ArgumentParser(prog="python -m hipmla profile", description=__doc__.splitlines()[0])
+    p.add_argument("--shape", default="64x8k", type=_shape, help="a benchmark shape (default: 64x8k)")
+    p.add_argument("--format", default="mxfp4", choices=KV_FORMATS)
+    p.add_argument("--iters", type=positive_int, default=20)
     p.add_argument("--out", type=Path, default=Path("rocprof_out"))
     p.add_argument("--dry-run", action="store_true", help="print the command line only")
     a = p.parse_args(argv)
@@ -55,6 +71,7 @@ def main(argv: list[str]) -> int:
         print("hipmla profile: rocprofv3 not found (it ships with ROCm); --dry-run shows the command",
               file=sys.stderr)
         return 2
+    log.info("profiling %s %s: %s", a.shape, a.format, " ".join(cmd))
     rc = subprocess.run(cmd).returncode
     if rc != 0:
         return rc

@@ -3,6 +3,8 @@
 import sys
 from pathlib import Path
 
+import pytest
+
 from hipmla import profile
 
 
@@ -38,3 +40,27 @@ def test_without_rocprof_it_says_so(capsys, monkeypatch):
     monkeypatch.setattr(profile.shutil, "which", lambda name: None)
     assert profile.main(["--shape", "4x1k"]) == 2
     assert "rocprofv3 not found" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, names", [
+    (["--shape", "bogus"], ["--shape", "'bogus'", "64x8k"]),
+    (["--shape", "4x1k,4x8k"], ["--shape"]),
+    (["--iters", "0"], ["--iters", "'0'"]),
+    (["--iters", "lots"], ["--iters", "'lots'"]),
+    (["--format", "int4"], ["--format", "'int4'"]),
+])
+def test_bad_arguments_name_the_argument(argv, names, capsys):
+    with pytest.raises(SystemExit) as e:
+        profile.main(argv + ["--dry-run"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    for name in names:
+        assert name in err
+
+
+def test_dry_run_takes_every_benchmark_shape(capsys):
+    from hipmla.inputs import benchmark_shapes
+
+    for shape in benchmark_shapes():
+        assert profile.main(["--shape", shape.name, "--dry-run"]) == 0
+        assert f"--shapes {shape.name}" in capsys.readouterr().out
