@@ -42,8 +42,20 @@ from pathlib import Path
 
 from hipmla.kernels import FORMAT_CODES, KernelSpec, kernels_for_arch, translation_unit
 
-#: Where ``build`` writes and the runtime looks when ``$HIPMLA_AOT_DIR`` has no match.
-DEFAULT_AOT_DIR = Path(__file__).resolve().parent / "_aot"
+#: Where ``build`` writes by default and the runtime looks after ``$HIPMLA_AOT_DIR``:
+#: None means :func:`default_aot_dir` at the time of the call (a Path set here wins).
+DEFAULT_AOT_DIR: Path | None = None
+#: Objects shipped inside the installed package (a wheel built with prebuilt kernels);
+#: searched last, never written.
+PACKAGE_AOT_DIR = Path(__file__).resolve().parent / "_aot"
+
+
+def default_aot_dir() -> Path:
+    """The user cache: ``$XDG_CACHE_HOME/hipmla/aot``, by default ``~/.cache/hipmla/aot``
+    (never site-packages, so nothing is left behind by an uninstall)."""
+    if DEFAULT_AOT_DIR is not None:
+        return Path(DEFAULT_AOT_DIR)
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "hipmla" / "aot"
 #: Part of every object key: bump it when the naming or build recipe changes meaning.
 FORMAT_VERSION = 1
 #: Flags of every build besides the arch and the kernel's own options. They are part of
@@ -429,7 +441,7 @@ def read_resources(
 def build_all(archs: Sequence[str], out_dir: Path | None = None, jobs: int = 2) -> list[KernelResources]:
     """Build every kernel for every arch (``jobs`` compilers at once); rows in arch, kernel order.
 
-    ``out_dir`` defaults to the package's ``_aot`` folder, where the runtime looks.
+    ``out_dir`` defaults to :func:`default_aot_dir` (the user cache), where the runtime looks.
     Every failure is collected before raising, so one run shows all broken kernels.
     """
     if isinstance(archs, str) or not archs:
@@ -438,7 +450,7 @@ def build_all(archs: Sequence[str], out_dir: Path | None = None, jobs: int = 2) 
         _check_arch(arch)
     if not isinstance(jobs, int) or jobs < 1:
         raise ValueError(f"jobs: expected an integer >= 1, got {jobs!r}")
-    out = DEFAULT_AOT_DIR if out_dir is None else Path(out_dir)
+    out = default_aot_dir() if out_dir is None else Path(out_dir)
     find_clang()  # one clear toolchain error up front instead of one per job
 
     def build(spec: KernelSpec, arch: str) -> KernelResources:
@@ -757,9 +769,11 @@ def fast_report(rows: Sequence[KernelResources], out_dir: Path) -> str:
 
 
 def search_dirs() -> list[Path]:
-    """``$HIPMLA_AOT_DIR`` (os.pathsep-separated) first, then the package's ``_aot``."""
+    """``$HIPMLA_AOT_DIR`` (os.pathsep-separated) first, then :func:`default_aot_dir`
+    (where ``build`` writes by default), then the package's own ``_aot``."""
     env = os.environ.get("HIPMLA_AOT_DIR", "")
-    return [Path(p) for p in env.split(os.pathsep) if p] + [DEFAULT_AOT_DIR]
+    dirs = [Path(p).expanduser() for p in env.split(os.pathsep) if p] + [default_aot_dir(), PACKAGE_AOT_DIR]
+    return list(dict.fromkeys(dirs))
 
 
 def find_prebuilt(spec: KernelSpec, arch: str, source_text: str, options: Sequence[str]) -> bytes | None:
@@ -787,6 +801,16 @@ def find_prebuilt(spec: KernelSpec, arch: str, source_text: str, options: Sequen
 # --- CLI -----------------------------------------------------------------------------
 
 
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}")
+    return value
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m hipmla build``: build all kernels, print the report, 1 on budget violations."""
     parser = argparse.ArgumentParser(
@@ -796,25 +820,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--arch", default="gfx950,gfx942",
                         help="comma-separated targets (default: gfx950,gfx942)")
     parser.add_argument("--out", type=Path, default=None,
-                        help=f"folder for the code objects (default: {DEFAULT_AOT_DIR})")
-    parser.add_argument("--jobs", type=int, default=2, help="compilers run at once (default: 2)")
+                        help="folder for the code objects (default: $XDG_CACHE_HOME/hipmla/aot, "
+                             "~/.cache/hipmla/aot; the runtime looks there and in $HIPMLA_AOT_DIR)")
+    parser.add_argument("--jobs", type=_positive_int, default=2, help="compilers run at once (default: 2)")
     parser.add_argument("--report", action="store_true",
                         help="also count the fast kernels' instructions per 128-token tile and print a "
                              "PREDICTED time per benchmark shape (MI355X for gfx950, MI300X for gfx942) "
                              "next to the HBM bound")
     args = parser.parse_args(argv)
     archs = [a.strip() for a in args.arch.split(",") if a.strip()]
+    if not archs:
+        parser.error(f"argument --arch: expected comma-separated targets such as gfx950,gfx942, got {args.arch!r}")
+    out_dir = default_aot_dir() if args.out is None else args.out
     try:
-        rows = build_all(archs, args.out, args.jobs)
+        rows = build_all(archs, out_dir, args.jobs)
     except (ToolchainNotFound, CompileError, ValueError) as e:
         print(f"hipmla build: {e}", file=sys.stderr)
         return 2
     print(format_report(rows))
-    print(f"code objects in {args.out or DEFAULT_AOT_DIR}")
+    print(f"code objects in {out_dir}")
     if args.report:
         try:
             print()
-            print(fast_report(rows, args.out or DEFAULT_AOT_DIR))
+            print(fast_report(rows, out_dir))
         except (ToolchainNotFound, ValueError, RuntimeError) as e:
             print(f"hipmla build --report: {e}", file=sys.stderr)
             return 2

@@ -482,6 +482,57 @@ def test_main_reports_build_failures(monkeypatch, capsys):
 
 
 
+# --- default output folder: the user cache ------------------------------------------------
+
+
+def test_default_out_dir_is_the_user_cache_not_the_package(monkeypatch, tmp_path):
+    monkeypatch.setattr(aot, "DEFAULT_AOT_DIR", None)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert aot.default_aot_dir() == tmp_path / "xdg" / "hipmla" / "aot"
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert aot.default_aot_dir() == tmp_path / "home" / ".cache" / "hipmla" / "aot"
+    package = Path(aot.__file__).resolve().parent
+    assert package not in aot.default_aot_dir().parents
+
+
+def test_build_writes_to_the_user_cache_by_default(monkeypatch, capsys, tmp_path):
+    monkeypatch.setattr(aot, "DEFAULT_AOT_DIR", None)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    calls = []
+    monkeypatch.setattr(aot, "build_all", lambda archs, out_dir, jobs: calls.append(out_dir) or [CLEAN])
+    assert aot.main(["--arch", "gfx950"]) == 0
+    assert calls == [tmp_path / "hipmla" / "aot"]
+    assert f"code objects in {tmp_path / 'hipmla' / 'aot'}" in capsys.readouterr().out
+
+
+def test_prebuilt_objects_are_found_in_the_default_out_dir(monkeypatch, tmp_path):
+    # What `build` wrote without --out is found with no $HIPMLA_AOT_DIR; $HIPMLA_AOT_DIR
+    # comes first, the package's own _aot last.
+    monkeypatch.setattr(aot, "DEFAULT_AOT_DIR", None)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    monkeypatch.delenv("HIPMLA_AOT_DIR", raising=False)
+    default = aot.default_aot_dir()
+    default.mkdir(parents=True)
+    key = aot.object_key("src", ["-DA=1"], "gfx950")
+    (default / f"k-gfx950-{key}-aaaaaaaaaaaaaaaa.co").write_bytes(b"from the cache")
+    assert aot.search_dirs() == [default, aot.PACKAGE_AOT_DIR]
+    assert aot.find_prebuilt(FakeSpec("k"), "gfx950", "src", ["-DA=1"]) == b"from the cache"
+    explicit = tmp_path / "explicit"
+    explicit.mkdir()
+    (explicit / f"k-gfx950-{key}-bbbbbbbbbbbbbbbb.co").write_bytes(b"from HIPMLA_AOT_DIR")
+    monkeypatch.setenv("HIPMLA_AOT_DIR", str(explicit))
+    assert aot.search_dirs()[:2] == [explicit, default]
+    assert aot.find_prebuilt(FakeSpec("k"), "gfx950", "src", ["-DA=1"]) == b"from HIPMLA_AOT_DIR"
+
+
+def test_build_rejects_bad_arguments(capsys):
+    for argv, name in ((["--jobs", "0"], "--jobs"), (["--jobs", "x"], "--jobs"), (["--arch", ","], "--arch")):
+        with pytest.raises(SystemExit) as e:
+            aot.main(argv)
+        assert e.value.code == 2 and f"argument {name}" in capsys.readouterr().err
+
+
 # --- build_all ------------------------------------------------------------------------------
 
 
