@@ -34,6 +34,7 @@ inline void fence_acquire_device() { std::atomic_thread_fence(std::memory_order_
 inline int atomic_add_device(int* p, int v) { return std::atomic_ref<int>(*p).fetch_add(v); }
 inline void atomic_store_device(int* p, int v) { std::atomic_ref<int>(*p).store(v); }
 inline void atomic_or_device(int* p, int v) { std::atomic_ref<int>(*p).fetch_or(v); }
+inline void atomic_or_block(int* p, int v) { std::atomic_ref<int>(*p).fetch_or(v); }
 inline f32x4 load_coherent(const f32x4* p) { return *p; }
 inline float load_coherent(const float* p) { return *p; }
 }  // namespace hipmla

@@ -59,6 +59,10 @@ HIPMLA_DEVICE void atomic_store_device(int* p, int v) {
 HIPMLA_DEVICE void atomic_or_device(int* p, int v) {
     __hip_atomic_fetch_or(p, v, __ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_AGENT);
 }
+// Shared memory, within the block (a flag several threads may raise at once).
+HIPMLA_DEVICE void atomic_or_block(int* p, int v) {
+    __hip_atomic_fetch_or(p, v, __ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_WORKGROUP);
+}
 // After fence_acquire_device the vector caches are invalidated: a plain load is coherent.
 HIPMLA_DEVICE f32x4 load_coherent(const f32x4* p) { return *p; }
 HIPMLA_DEVICE float load_coherent(const float* p) { return *p; }
@@ -94,6 +98,7 @@ HIPMLA_DEVICE void fence_acquire_device() { __threadfence(); }
 HIPMLA_DEVICE int atomic_add_device(int* p, int v) { return atomicAdd(p, v); }
 HIPMLA_DEVICE void atomic_store_device(int* p, int v) { atomicExch(p, v); }
 HIPMLA_DEVICE void atomic_or_device(int* p, int v) { atomicOr(p, v); }
+HIPMLA_DEVICE void atomic_or_block(int* p, int v) { atomicOr_block(p, v); }
 HIPMLA_DEVICE f32x4 load_coherent(const f32x4* p) { return __ldcg(p); }
 HIPMLA_DEVICE float load_coherent(const float* p) { return __ldcg(p); }
 

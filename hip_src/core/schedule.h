@@ -158,18 +158,13 @@ HIPMLA_DEVICE WorkItem schedule_item(const MlaDecodeParams& p, int block, Schedu
         const int q0 = it.begin >> p.page_shift;
         const int q1 = ((it.end - 1) >> p.page_shift) + 1;
         for (int q = q0 + tid; q < q1; q += THREADS) {
-            if (!page_in_cache(p, pages[q])) sm.bad_page = 1;
+            if (!page_in_cache(p, pages[q])) atomic_or_block(&sm.bad_page, 1);
         }
         block_sync();
         if (sm.bad_page) it.bad |= ERR_PAGE;
     }
-    if (tid == 0) {
-        const int len = it.end - it.begin;
-        it.fast = it.seq >= 0 && !it.bad && p.fast_tile > 0 && len > 0 && len % p.fast_tile == 0;
-        sm.item = it;
-    }
-    block_sync();
-    it = sm.item;
+    const int len = it.end - it.begin;
+    it.fast = it.seq >= 0 && !it.bad && p.fast_tile > 0 && len > 0 && len % p.fast_tile == 0;
     block_sync();  // sm is free for the kernel's own use after this
     return it;
 }
