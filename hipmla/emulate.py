@@ -102,6 +102,11 @@ GFX950_SCHEDULE = FastSchedule(tile_tokens=128, waves=4)
 GFX942_SCHEDULE = FastSchedule(tile_tokens=128, waves=4)
 #: The schedule of each arch's fast kernel (hipmla.kernels.FAST_SOURCES).
 FAST_SCHEDULES = {"gfx950": GFX950_SCHEDULE, "gfx942": GFX942_SCHEDULE}
+#: hip_src/decode/split_sm90.hip keeps ONE online softmax per block (its 8 warps split the
+#: dimensions and exchange partial scores), with the running max moving every 32 tokens:
+#: its numerics are emulate_work_item(tile=SM90_TILE_TOKENS), i.e.
+#: ``emulate_decode(..., tile_tokens=SM90_TILE_TOKENS)`` with a policy without fast_tile.
+SM90_TILE_TOKENS = 32
 
 
 def merge(parts: list[Partial]) -> Partial:

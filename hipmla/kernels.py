@@ -230,3 +230,48 @@ def translation_unit(source: str) -> str:
         raise ValueError(f"source: expected a file name under hip_src such as {SPLIT_SOURCE!r}, got {source!r}")
     emit(source, None)
     return "\n".join(out) + "\n"
+
+
+# --- sm_90 tensor-core split kernel (hip_src/decode/split_sm90.hip) ------------------------
+#
+# Not wired into the decoder yet (it has not run on a GPU): sm90_split_kernel builds its
+# spec for tests and scripts/sm90_trial.py. It takes any item length, so tile_tokens = 0;
+# launched with p.fast_tile = 0 it runs every item of the schedule by itself.
+
+SM90_SOURCE = "decode/split_sm90.hip"
+SM90_THREADS = 256
+#: Tokens per softmax step of the sm_90 kernel (the emulator's model of it).
+from hipmla.emulate import SM90_TILE_TOKENS  # noqa: E402
+
+
+def sm90_shared_bytes(kv_format: str) -> int:
+    """Dynamic shared memory of the sm_90 kernel: ``sizeof(Smem)`` of split_sm90.hip
+    (its ring of KV stages, the partial-score exchange, P, and the softmax state)."""
+    _check_choice(kv_format, "kv_format", KV_FORMATS)
+    tile, warps, heads, scales = SM90_TILE_TOKENS, SM90_THREADS // 32, HEADS, D_QK // 32
+    row_bytes = {"bf16": 2 * D_QK, "fp8": D_QK, "mxfp4": D_QK // 2}[kv_format]
+    row_stride = row_bytes + 16 if kv_format == "bf16" else row_bytes
+    stages = {"bf16": 2, "fp8": 4, "mxfp4": 6}[kv_format]
+    mult = tile * scales * 4 if kv_format == "mxfp4" else 16
+    stage = -(-(tile * row_stride + mult) // 16) * 16
+    red = warps * heads * 40 * 4  # larger than the schedule's scan, which shares it
+    pfrag = (tile // 16) * 32 * 4 * 4
+    tail = 3 * heads * 4 + 4  # alpha, m, l, the arrive flag
+    return -(-(stages * stage + red + pfrag + tail) // 16) * 16
+
+
+def sm90_split_kernel(kv_format: str) -> KernelSpec:
+    """The sm_90 tensor-core split kernel for a cache format (bf16 Q)."""
+    _check_choice(kv_format, "kv_format", KV_FORMATS)
+    return KernelSpec(
+        symbol=f"hipmla_decode_split_sm90_{kv_format}_qbf16",
+        source=SM90_SOURCE,
+        defines=(
+            ("HIPMLA_KV_FORMAT", str(FORMAT_CODES[kv_format])),
+            ("HIPMLA_Q_PRECISION", str(FORMAT_CODES["bf16"])),
+        ),
+        block_threads=SM90_THREADS,
+        dynamic_shared_bytes=sm90_shared_bytes(kv_format),
+        archs=("sm_90",),
+        tile_tokens=0,
+    )

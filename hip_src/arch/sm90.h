@@ -1,0 +1,183 @@
+// NVIDIA Hopper (sm_90) instructions of the tensor-core split kernel, as small named
+// helpers around inline PTX. Each cites the section of the PTX ISA (version 8.x / 9.0,
+// "Parallel Thread Execution ISA") whose operand layout it follows; the kernel
+// (decode/split_sm90.hip) relies on exactly these layouts. NVRTC only: every helper is
+// compiled for __CUDACC__ and nothing here is used on AMD.
+//
+// Fragment vocabulary (PTX ISA 9.7.14.5.8, "Matrix Fragments for mma.m16n8k16 with
+// floating point type", and 9.7.14.5.7 for m16n8k8): in a warp, lane = 4 g + t with
+// g = groupID = lane >> 2 and t = threadID_in_group = lane & 3.
+//   A (16 x 16, row-major, bf16): 4 registers of 2 elements, low half first:
+//       reg 0: (row g,     cols 2t, 2t+1)    reg 1: (row g + 8, cols 2t, 2t+1)
+//       reg 2: (row g,     cols 2t+8, 2t+9)  reg 3: (row g + 8, cols 2t+8, 2t+9)
+//   B (16 x 8, "col", bf16): reg 0: (rows 2t, 2t+1, col g)  reg 1: (rows 2t+8, 2t+9, col g)
+//   C/D (16 x 8, f32): c0, c1: (row g, cols 2t, 2t+1)  c2, c3: (row g + 8, cols 2t, 2t+1)
+//   m16n8k8 (bf16): A = regs 0, 1 above (cols 2t, 2t+1 only), B = reg 0 above.
+// An 8 x 8 b16 matrix "in fragment layout" (movmatrix, ldmatrix): lane (g, t) holds row g,
+// cols 2t (low half) and 2t + 1 (high half) in one register.
+#pragma once
+
+#include "common/platform.h"
+
+#if !defined(__CUDACC__)
+#error "arch/sm90.h is for NVRTC / nvcc builds for sm_90 only"
+#endif
+
+namespace hipmla {
+namespace sm90 {
+
+constexpr int WARP = 32;
+
+// ------------------------------------------------------------------------------ tensor cores
+
+// D = A B + C, m16n8k16, bf16 inputs, f32 accumulators (PTX ISA 9.7.14.5.14 "mma",
+// shape .m16n8k16, .row.col, .f32.bf16.bf16.f32; fragments as in the header).
+HIPMLA_DEVICE void mma_bf16_16816(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+        "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// D = A B + C, m16n8k8, bf16 inputs, f32 accumulators (PTX ISA 9.7.14.5.14, shape .m16n8k8;
+// A is regs 0 and 1 of the k16 layout, B one register).
+HIPMLA_DEVICE void mma_bf16_1688(float (&d)[4], unsigned a0, unsigned a1, unsigned b0) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k8.row.col.f32.bf16.bf16.f32 "
+        "{%0, %1, %2, %3}, {%4, %5}, {%6}, {%0, %1, %2, %3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a0), "r"(a1), "r"(b0));
+}
+
+// The transpose of an 8 x 8 b16 matrix held in fragment layout, returned in fragment
+// layout (PTX ISA 9.7.14.5.16 "movmatrix", .m8n8.trans.b16): lane (g, t) receives
+// elements (2t, g) and (2t + 1, g) of the source.
+HIPMLA_DEVICE unsigned movmatrix_trans(unsigned a) {
+    unsigned d;
+    asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(d) : "r"(a));
+    return d;
+}
+
+// ------------------------------------------------------------------------------ bf16x2 arithmetic
+
+// a * b + c on two bf16 lanes, rounded to nearest even (PTX ISA 9.7.4.4 "fma" for half
+// precision, .rn.bf16x2). bf16 has no .ftz form: subnormal inputs and results are kept,
+// which the exact dequantization below depends on (E2M1 0.5 enters as 2^-127).
+HIPMLA_DEVICE unsigned fma_bf16x2(unsigned a, unsigned b, unsigned c) {
+    unsigned d;
+    asm("fma.rn.bf16x2 %0, %1, %2, %3;\n" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    return d;
+}
+
+// Exact products by a power of two: a * b + (-0), so the sign of a zero survives.
+HIPMLA_DEVICE unsigned mul_bf16x2(unsigned a, unsigned b) { return fma_bf16x2(a, b, 0x80008000u); }
+
+// (a & m) | (b & ~m) in one instruction (PTX ISA 9.7.8.6 "lop3", LUT 0xE4 for operands
+// a, b, m). Inline PTX keeps the compiler from re-associating it with the shifts that
+// feed it (it would mask b separately, one more instruction per word).
+HIPMLA_DEVICE unsigned select_bits(unsigned m, unsigned a, unsigned b) {
+    unsigned d;
+    asm("lop3.b32 %0, %1, %2, %3, 0xE4;\n" : "=r"(d) : "r"(a), "r"(b), "r"(m));
+    return d;
+}
+
+// a & m as one opaque lop3 (LUT 0xC0): a sign word masked once and then shifted for
+// several words, which the compiler would otherwise re-mask after every shift.
+HIPMLA_DEVICE unsigned and_bits(unsigned a, unsigned m) {
+    unsigned d;
+    asm("lop3.b32 %0, %1, %2, %2, 0xC0;\n" : "=r"(d) : "r"(a), "r"(m));
+    return d;
+}
+
+// Two f32 to bf16x2, round to nearest even, `lo` in the low half (PTX ISA 9.7.9.21 "cvt",
+// .rn.bf16x2.f32: the first source goes to the upper half).
+HIPMLA_DEVICE unsigned pack_bf16x2_rn(float lo, float hi) {
+    unsigned d;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(d) : "f"(hi), "f"(lo));
+    return d;
+}
+
+// 2^x, the MUFU approximation (PTX ISA 9.7.4.x "ex2", .approx.ftz.f32: ~2 ulp, results
+// below 2^-126 flushed to zero; ex2(-inf) = +0).
+HIPMLA_DEVICE float exp2_approx(float x) {
+    float d;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(d) : "f"(x));
+    return d;
+}
+
+// ------------------------------------------------------------------------------ dequantization
+
+// Eight E2M1 codes (nibbles n0..n7 of q, n_i at bits 4i) to four bf16x2 words holding
+// value * 2^-126 exactly: word i = (n_i low, n_{i+4} high). The 3 magnitude bits go to
+// bf16 bits 6-8 (exponent LSBs + the top mantissa bit), so the exponent field is the
+// E2M1 exponent e and the subnormal code (e = 0, 0.5) becomes the bf16 subnormal 2^-127:
+// one mapping for every code, no special case. Signs go to bits 15 / 31. Each word is one
+// lop3 of a shifted copy of q (magnitudes) and a shifted copy of its sign bits, chosen so
+// that the only stray sign bits land on magnitude positions, which the lop3 overwrites.
+HIPMLA_DEVICE void e2m1x8_to_bf16x2_scaled_down(unsigned q, unsigned (&w)[4]) {
+    constexpr unsigned MAG = 0x01C001C0u;
+    const unsigned se = and_bits(q, 0x08080808u);  // signs of n0, n2, n4, n6
+    const unsigned so = and_bits(q, 0x80808080u);  // signs of n1, n3, n5, n7
+    w[0] = select_bits(MAG, q << 6, se << 12);
+    w[1] = select_bits(MAG, q << 2, so << 8);
+    w[2] = select_bits(MAG, q >> 2, se << 4);
+    w[3] = select_bits(MAG, q >> 6, so);
+}
+
+// Two E2M1 codes (low nibble x, high nibble y of `byte`) to one bf16x2 word
+// (x low, y high), value * 2^-126 as above.
+HIPMLA_DEVICE unsigned e2m1x2_to_bf16x2_scaled_down(unsigned byte) {
+    const unsigned q = (byte & 0xfu) | ((byte & 0xf0u) << 12);  // x at nibble 0, y at nibble 4
+    return select_bits(0x01C001C0u, q << 6, (q & 0x00080008u) << 12);
+}
+
+// Four e4m3fn codes (bytes b0..b3 of q) to two bf16x2 words holding value * 2^-120
+// exactly: word 0 = (b0 low, b2 high), word 1 = (b1 low, b3 high). The 7 exponent and
+// mantissa bits go to bf16 bits 4-10, so the bf16 exponent field is the e4m3 one and
+// e4m3 subnormals become bf16 subnormals. The NaN codes 0x7f / 0xff become +-480 * 2^-120
+// (finite; see the kernel's header).
+HIPMLA_DEVICE void e4m3x4_to_bf16x2_scaled_down(unsigned q, unsigned (&w)[2]) {
+    constexpr unsigned MAG = 0x07F007F0u;
+    const unsigned s = and_bits(q, 0x80808080u);
+    w[0] = select_bits(MAG, q << 4, s << 8);
+    w[1] = select_bits(MAG, q >> 4, s);
+}
+
+// ------------------------------------------------------------------------------ async copies
+
+// 32-bit shared-state-space address of a generic pointer into shared memory.
+HIPMLA_DEVICE unsigned smem_address(const void* p) { return unsigned(__cvta_generic_to_shared(p)); }
+
+// 16 bytes global -> shared, bypassing L1 (PTX ISA 9.7.9.25.3.1 "cp.async", .cg, cp-size 16).
+// src_bytes = 0 reads nothing and fills the 16 bytes with zeros (the ignore-src form).
+HIPMLA_DEVICE void cp_async_16(unsigned dst, const void* src, unsigned src_bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
+}
+
+// Closes the current group of cp.async operations (PTX ISA 9.7.9.25.3.2 "cp.async.commit_group").
+HIPMLA_DEVICE void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+
+// Waits until at most N of this thread's groups are pending (PTX ISA 9.7.9.25.3.3
+// "cp.async.wait_group"); a block barrier after it makes every thread's copies visible.
+template <int N>
+HIPMLA_DEVICE void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
+
+// Bytes of dynamic shared memory this launch has (PTX ISA 10.31 "%dynamic_smem_size").
+HIPMLA_DEVICE unsigned dynamic_smem_size() {
+    unsigned r;
+    asm("mov.u32 %0, %%dynamic_smem_size;\n" : "=r"(r));
+    return r;
+}
+
+// ------------------------------------------------------------------------------ warp exchange
+
+HIPMLA_DEVICE float warp_xor_max(float v, int lane_mask) {
+    const float o = __shfl_xor_sync(0xffffffffu, v, lane_mask);
+    return o > v ? o : v;
+}
+HIPMLA_DEVICE float warp_xor_sum(float v, int lane_mask) { return v + __shfl_xor_sync(0xffffffffu, v, lane_mask); }
+HIPMLA_DEVICE bool warp_all(bool v) { return __all_sync(0xffffffffu, v) != 0; }
+
+}  // namespace sm90
+}  // namespace hipmla

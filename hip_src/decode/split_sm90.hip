@@ -1,0 +1,437 @@
+// sm_90 (Hopper) tensor-core split kernel: any cache format (bf16, fp8 e4m3fn, MXFP4),
+// bf16 Q, any item length (the last tile is masked inside), on the project's serving core.
+// Block i derives work item i from the batch (core/schedule.h); a sequence of one item
+// writes bf16 output + natural-log LSE, otherwise the item writes its partial slot and the
+// last item of the sequence to finish merges the slots (core/merge.h). With p.fast_tile > 0
+// it takes only the items of whole fast_tile tiles (as the AMD fast kernels do), so it can
+// run beside the portable kernel; with p.fast_tile = 0 it takes every item.
+// Numerics: hip_src/KERNELS.md with bf16 Q and 32-token softmax tiles, ONE softmax state
+// per block: hipmla.emulate.emulate_work_item(tile=SM90_TILE_TOKENS) is its model.
+//
+// Specialisation (all required):
+//   HIPMLA_KV_FORMAT    0 bf16, 1 fp8 (e4m3fn), 2 mxfp4
+//   HIPMLA_Q_PRECISION  0 (bf16 Q: the bf16 tensor-core product takes it as it is)
+//   HIPMLA_FP8_FNUZ     0 (NVIDIA fp8 is e4m3fn)
+//
+// Block = 8 warps, 256 threads. Tile = 32 tokens (4 n-tiles of 8). The warps split the
+// DIMENSIONS, not the tokens: warp w owns latent columns [64w, 64w + 64) (4 k16-steps of
+// Q.K and the 64 output columns of its P.V) and rope dims [512 + 8w, 512 + 8w + 8) (one
+// k8-step of Q.K). Per tile:
+//   Q.K   S_w = Q K^T over the warp's dims, mma.m16n8k16 (M = 16 heads, N = 8 tokens):
+//         A = Q (held in registers for the whole item, 18 per lane), B = K dequantized to
+//         bf16 in registers. Lane (g, t) takes row 8j + g of the stage (token of n-tile j)
+//         and 16 consecutive latent dims 64w + 16t .. (+ 2 rope dims 512 + 8w + 2t), so one
+//         16 / 8 / 4-byte shared load feeds all 4 k-steps (bf16 / fp8 / mxfp4). The dims of
+//         a k-step are permuted (dim_offset below); Q's registers follow the same map.
+//   sum   the 8 warps' partial scores go through shared memory (red); warp w sums heads
+//         2w, 2w+1 (lane: head 2w + lane / 16, tokens 2 (lane % 16), +1), owns their running
+//         max and sum, forms P = bf16_rne(exp2(s - m)) and alpha, and writes P in the
+//         register order of the P.V A operand (pfrag) -- the one softmax state of the block.
+//   P.V   O_w += P V over the tile's 32 tokens (2 k16-steps) and the warp's 64 columns
+//         (8 n-tiles): V is NOT dequantized again. The K registers of Q.K hold exactly the
+//         V values of the warp's columns (V = the first 512 dims of the row), and
+//         movmatrix.trans turns a Q.K B operand (token, dim pair) into the P.V B operand
+//         (token pair, dim): 1 instruction per register instead of a second dequantization.
+//         O (16 x 64 f32 per warp, 32 per lane) never leaves registers; alpha rescales it
+//         (skipped when every alpha of the tile is 1).
+// Copies: a ring of STAGES tiles (bf16 2, fp8 4, mxfp4 6) filled by cp.async.cg (16 B, with
+// zero fill for rows past the item) one ring ahead; thread (row tid / 8, chunk tid % 8 + 8k)
+// reads one page-table entry per tile through kv_rows().row(). MXFP4 E8M0 bytes are read
+// with plain loads one ring ahead and stored as bf16x2 multipliers at the end of the tile.
+// Dynamic shared memory: sizeof(Smem) = hipmla.kernels.sm90_shared_bytes(kv_format)
+// (the kernel traps if it gets less).
+//
+// Numerics (what differs from split.hip is only inside KERNELS.md's "any order"):
+//   bf16 KV: K, V used as stored. fp8: each e4m3 code becomes bf16(v * 2^-120) by bit
+//   placement (subnormals included) and one exact bf16 multiply by 2^120; the tensor scale
+//   multiplies scores (sm_scale_log2 * kv_fp8_scale, that product first) and the final
+//   accumulator, as in split.hip. mxfp4: each E2M1 code becomes bf16(v * 2^-126) (the
+//   subnormal code 0.5 -> 2^-127), multiplied by 2^(s - 65) for its block's E8M0 s, i.e.
+//   K' = V' = value * 2^-64 exactly, and Q' = Q * 2^64 (exact), so Q'K' = QK exactly and
+//   the final accumulator is multiplied by 2^64. Exact for block scales 2^(s-127) in
+//   [2^-68, 2^65] (E8M0 59..192) and |q| < 2^64: a smaller block scale rounds the block's
+//   elements to bf16 subnormals (they are below 2^-66 anyway), a larger one saturates the
+//   multiplier to +inf (E8M0 255, NaN by the format, also gives inf / NaN outputs).
+//   fp8 NaN codes (0x7f, 0xff) decode as +-480 (x scale), not NaN. Scores: f32 partial dot
+//   products per warp (tensor-core order), added over the 8 warps in warp order, times
+//   the scale. exp2 is the MUFU ex2.approx.ftz (a few ulp, results below 2^-126 flushed:
+//   such P and alpha are 0 here). P rounded to bf16 RNE (cvt.rn.bf16x2); l kept per lane (16 lanes per head) and added at the
+//   end; f32 accumulation on the tensor cores; output bf16 RNE.
+//
+// Shared memory is dynamic (the stages do not fit 48 KiB); registers: __launch_bounds__
+// (256, 2) -- two blocks, 16 warps per SM.
+#include "params.h"
+#include "common/config.h"
+#include "common/numerics.h"
+#include "common/platform.h"
+#include "core/merge.h"
+#include "core/paged.h"
+#include "core/schedule.h"
+#include "arch/sm90.h"
+
+#if !defined(HIPMLA_KV_FORMAT) || !defined(HIPMLA_Q_PRECISION) || !defined(HIPMLA_FP8_FNUZ)
+#error "split_sm90.hip needs -DHIPMLA_KV_FORMAT=<0|1|2> -DHIPMLA_Q_PRECISION=0 -DHIPMLA_FP8_FNUZ=0"
+#endif
+#if HIPMLA_Q_PRECISION != 0 || HIPMLA_FP8_FNUZ != 0
+#error "split_sm90.hip: bf16 Q (HIPMLA_Q_PRECISION=0) and e4m3fn (HIPMLA_FP8_FNUZ=0) only"
+#endif
+#if HIPMLA_KV_FORMAT == 0
+#define HIPMLA_SM90_NAME hipmla_decode_split_sm90_bf16_qbf16
+#elif HIPMLA_KV_FORMAT == 1
+#define HIPMLA_SM90_NAME hipmla_decode_split_sm90_fp8_qbf16
+#elif HIPMLA_KV_FORMAT == 2
+#define HIPMLA_SM90_NAME hipmla_decode_split_sm90_mxfp4_qbf16
+#else
+#error "HIPMLA_KV_FORMAT must be 0 (bf16), 1 (fp8) or 2 (mxfp4)"
+#endif
+
+namespace hipmla {
+namespace sm90k {
+
+using namespace sm90;
+
+constexpr int KV = HIPMLA_KV_FORMAT;
+constexpr bool MXFP4 = KV == FORMAT_MXFP4;
+constexpr bool FP8 = KV == FORMAT_FP8;
+constexpr int WARPS = 8;
+constexpr int THREADS = WARPS * WARP;
+constexpr int TILE = 32;                            // tokens per softmax step (emulator tile)
+constexpr int NTILES = TILE / 8;                    // Q.K n-tiles per tile
+constexpr int PV_STEPS = TILE / 16;                 // P.V k-steps per tile
+constexpr int V_DIMS = D_V / WARPS;                 // 64 latent columns per warp
+constexpr int ROPE_DIMS = (D_QK - D_V) / WARPS;     // 8 rope dims per warp: one k8-step
+constexpr int KSTEPS = V_DIMS / 16;                 // 4 k16-steps per warp
+constexpr int BITS = KV == FORMAT_BF16 ? 16 : FP8 ? 8 : 4;
+constexpr int ROW_BYTES = D_QK * BITS / 8;
+// bf16 rows get 16 bytes of padding: the 8 lanes of a 16-byte load phase (rows g, g+1,
+// columns 32t) then start 16 banks apart; fp8 (576) and mxfp4 (288) rows are already
+// conflict-free for this kernel's loads.
+constexpr int ROW_STRIDE = KV == FORMAT_BF16 ? ROW_BYTES + 16 : ROW_BYTES;
+constexpr int CHUNKS = ROW_BYTES / 16;
+constexpr int SCALES = D_QK / MX_BLOCK;             // 18 E8M0 per row
+constexpr int STAGES = KV == FORMAT_BF16 ? 2 : FP8 ? 4 : 6;
+constexpr int QSHIFT = MXFP4 ? 64 : 0;              // Q' = Q * 2^QSHIFT, K' = K * 2^-QSHIFT
+constexpr int RED_STRIDE = 40;                      // floats per (warp, head) row of red
+constexpr int PRODUCER_ROWS = THREADS / 8;          // one row per 8 threads
+constexpr int SCALE_SLOTS = (SCALES + 7) / 8;       // E8M0 bytes per producer thread
+constexpr unsigned BF16X2_2P120 = 0x7B807B80u;      // (2^120, 2^120)
+// dims of a lane's register: dim = 64 w + 16 t + dim_offset(kk, r) + DIM_STEP * e, where
+// kk = k-step, r = register of the B operand (slots 2t.. or 2t+8..), e = half.
+constexpr int DIM_STEP = KV == FORMAT_BF16 ? 1 : FP8 ? 2 : 4;
+
+static_assert(THREADS == BLOCK_THREADS, "the kernel launches the project's block size");
+static_assert(HEADS == 16, "16 heads are the M dimension of mma.m16n8k16");
+static_assert(PRODUCER_ROWS == TILE, "one producer row per 8 threads covers a tile");
+static_assert(KSTEPS * 16 == V_DIMS && ROPE_DIMS == 8, "4 k16-steps + 1 k8-step per warp");
+static_assert(WARPS * 2 == HEADS, "softmax: two heads per warp");
+static_assert(ROW_BYTES % 16 == 0 && ROW_STRIDE % 16 == 0, "16-byte copies");
+static_assert(MX_BLOCK % 16 == 0, "a lane's 16 latent dims lie in one E8M0 block");
+
+HIPMLA_DEVICE constexpr int dim_offset(int kk, int r) {
+    return KV == FORMAT_BF16 ? 4 * kk + 2 * r : FP8 ? 4 * kk + r : 8 * (kk >> 1) + 2 * (kk & 1) + r;
+}
+HIPMLA_DEVICE int dim_of(int w, int t, int kk, int r, int e) { return V_DIMS * w + 16 * t + dim_offset(kk, r) + DIM_STEP * e; }
+
+struct alignas(16) Stage {
+    alignas(16) unsigned char kv[TILE * ROW_STRIDE];
+    unsigned mult[MXFP4 ? TILE * SCALES : 4];        // mxfp4: bf16x2 2^(s - 65) per (row, block)
+};
+
+struct alignas(16) Smem {
+    Stage stage[STAGES];
+    union {
+        float red[WARPS][HEADS][RED_STRIDE];          // partial scores [warp][head][token]
+        ScheduleSmem<THREADS> sched;                  // before the first tile
+    } x;
+    alignas(16) unsigned pfrag[PV_STEPS][WARP][4];    // P in P.V A-operand order
+    float alpha[HEADS];
+    float m[HEADS];
+    float l[HEADS];
+    int last;
+};
+
+// bf16 bits of Q[h][d] * 2^QSHIFT (exact unless |q| >= 2^(128 - QSHIFT)).
+HIPMLA_DEVICE unsigned q_scaled(const unsigned short* q, int h, int d) {
+    const unsigned bits = q[h * D_QK + d];
+    if (QSHIFT == 0) return bits;
+    return f32_to_bf16_bits(bf16_to_f32(bits) * exp2_int(QSHIFT));
+}
+
+// E8M0 byte -> bf16x2 (2^(s-65), 2^(s-65)), saturating at +inf (s >= 193).
+HIPMLA_DEVICE unsigned e8m0_multiplier(unsigned s) {
+    const unsigned e = s + 62u < 255u ? s + 62u : 255u;
+    return e * 0x00800080u;
+}
+
+}  // namespace sm90k
+}  // namespace hipmla
+
+extern "C" __global__ void __launch_bounds__(hipmla::sm90k::THREADS, 2) HIPMLA_SM90_NAME(const MlaDecodeParams p) {
+    using namespace hipmla;
+    using namespace hipmla::sm90k;
+    extern __shared__ __align__(16) unsigned char hipmla_sm90_smem[];
+    Smem& sm = *reinterpret_cast<Smem*>(hipmla_sm90_smem);
+    if (dynamic_smem_size() < sizeof(Smem)) __trap();
+
+    const int tid = int(thread_index());
+    const int warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+    const WorkItem it = schedule_item<THREADS>(p, int(block_index()), sm.x.sched);
+    const int n = it.end - it.begin;
+    if (it.seq < 0) return;
+    if (p.fast_tile > 0 && !(n > 0 && n % p.fast_tile == 0)) return;  // the portable kernel's item
+    const int seq = it.seq;
+    const int slot = it.n_items > 1 ? it.slot : -1;
+    const KvRows rows = kv_rows(p, seq);
+    const float neg_inf = f32_from_bits(0xff800000u);
+    const int n_tiles = (n + TILE - 1) / TILE;
+
+    // Q' as the A operand of the warp's 4 k16-steps (reg 2r + hh: heads g + 8hh, slots
+    // 2t + 8r + e) and of its rope k8-step.
+    unsigned qa[KSTEPS][4];
+    unsigned qr[2];
+    {
+        const unsigned short* q = static_cast<const unsigned short*>(p.q) + (long long)seq * HEADS * D_QK;
+#pragma unroll
+        for (int kk = 0; kk < KSTEPS; ++kk) {
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {
+#pragma unroll
+                for (int hh = 0; hh < 2; ++hh) {
+                    const int h = g + 8 * hh;
+                    qa[kk][2 * r + hh] = q_scaled(q, h, dim_of(warp, t, kk, r, 0)) |
+                                         (q_scaled(q, h, dim_of(warp, t, kk, r, 1)) << 16);
+                }
+            }
+        }
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+            const int d = D_V + ROPE_DIMS * warp + 2 * t;
+            qr[hh] = q_scaled(q, g + 8 * hh, d) | (q_scaled(q, g + 8 * hh, d + 1) << 16);
+        }
+    }
+
+    // Producer role: row prow of every tile, chunks psub + 8k, E8M0 bytes psub + 8k.
+    const int prow = tid >> 3, psub = tid & 7;
+    const unsigned char* kv_base = static_cast<const unsigned char*>(p.kv);
+    unsigned scale_bytes[SCALE_SLOTS];
+    long long scale_row = 0;
+    auto issue_tile = [&](int tile) {
+        if (tile < n_tiles) {
+            const int tok = tile * TILE + prow;
+            const bool valid = tok < n;
+            const long long row = valid ? rows.row(it.begin + tok) : 0;
+            scale_row = row;
+            const unsigned char* src = kv_base + row * ROW_BYTES + 16 * psub;
+            const unsigned dst = smem_address(sm.stage[tile % STAGES].kv + prow * ROW_STRIDE + 16 * psub);
+            const unsigned bytes = valid ? 16u : 0u;
+#pragma unroll
+            for (int c = 0; c < CHUNKS / 8; ++c) cp_async_16(dst + 128 * c, src + 128 * c, bytes);
+            if (psub < CHUNKS % 8) cp_async_16(dst + 128 * (CHUNKS / 8), src + 128 * (CHUNKS / 8), bytes);
+        }
+        cp_async_commit();
+    };
+    auto load_scales = [&](int tile) {  // after issue_tile(tile): scale_row is its row
+        const bool valid = tile < n_tiles && tile * TILE + prow < n;
+#pragma unroll
+        for (int k = 0; k < SCALE_SLOTS; ++k) {
+            const int b = psub + 8 * k;
+            // A row past the item keeps any scale: its data is zero-filled.
+            scale_bytes[k] = valid && b < SCALES ? unsigned(p.kv_scale[scale_row * p.stride_kv_scale + b]) : 0u;
+        }
+    };
+    auto store_scales = [&](int tile) {
+        if (tile >= n_tiles) return;
+#pragma unroll
+        for (int k = 0; k < SCALE_SLOTS; ++k) {
+            const int b = psub + 8 * k;
+            if (b < SCALES) sm.stage[tile % STAGES].mult[prow * SCALES + b] = e8m0_multiplier(scale_bytes[k]);
+        }
+    };
+
+    // Softmax role: head sh = 2 warp + lane / 16, tokens 2 su, 2 su + 1 of the tile.
+    const int sh = 2 * warp + (lane >> 4), su = lane & 15;
+    const float qk_scale = p.sm_scale_log2 * (FP8 ? p.kv_fp8_scale : 1.0f);
+    float m_run = neg_inf, l_run = 0.0f;
+    float o[KSTEPS][2][4];
+#pragma unroll
+    for (int kk = 0; kk < KSTEPS; ++kk)
+#pragma unroll
+        for (int r = 0; r < 2; ++r)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) o[kk][r][e] = 0.0f;
+
+    // The schedule's scan lives in red: every thread is past it (schedule_item syncs).
+#pragma unroll 1
+    for (int s = 0; s < STAGES - 1; ++s) {
+        issue_tile(s);
+        if (MXFP4) {
+            load_scales(s);
+            store_scales(s);
+        }
+    }
+
+#pragma unroll 1
+    for (int tile = 0; tile < n_tiles; ++tile) {
+        cp_async_wait<STAGES - 2>();
+        block_sync();  // tile's copies visible; the previous tile's reads of red/pfrag and its stage are done
+        issue_tile(tile + STAGES - 1);
+        if (MXFP4) load_scales(tile + STAGES - 1);
+        const Stage& st = sm.stage[tile % STAGES];
+
+        // ---- Q.K over the warp's dims; K' fragments kept for P.V
+        unsigned kf[NTILES][KSTEPS][2];
+#pragma unroll
+        for (int j = 0; j < NTILES; ++j) {
+            const int srow = 8 * j + g;
+            const unsigned char* row = st.kv + srow * ROW_STRIDE;
+            unsigned kr;
+            if (KV == FORMAT_BF16) {
+                const u32x4* src = reinterpret_cast<const u32x4*>(row + 2 * (V_DIMS * warp + 16 * t));
+                const u32x4 v0 = src[0], v1 = src[1];
+                const unsigned wv[8] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w};
+#pragma unroll
+                for (int kk = 0; kk < KSTEPS; ++kk) {
+                    kf[j][kk][0] = wv[2 * kk];
+                    kf[j][kk][1] = wv[2 * kk + 1];
+                }
+                kr = *reinterpret_cast<const unsigned*>(row + 2 * (D_V + ROPE_DIMS * warp + 2 * t));
+            } else if (FP8) {
+                const u32x4 v = *reinterpret_cast<const u32x4*>(row + V_DIMS * warp + 16 * t);
+                const unsigned wv[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+                for (int kk = 0; kk < KSTEPS; ++kk) {
+                    unsigned w2[2];
+                    e4m3x4_to_bf16x2_scaled_down(wv[kk], w2);
+                    kf[j][kk][0] = mul_bf16x2(w2[0], BF16X2_2P120);
+                    kf[j][kk][1] = mul_bf16x2(w2[1], BF16X2_2P120);
+                }
+                const unsigned h2 = *reinterpret_cast<const unsigned short*>(row + D_V + ROPE_DIMS * warp + 2 * t);
+                unsigned w2[2];
+                e4m3x4_to_bf16x2_scaled_down(__byte_perm(h2, 0u, 0x4140), w2);
+                kr = mul_bf16x2(w2[0], BF16X2_2P120);
+            } else {
+                const u32x2 v = *reinterpret_cast<const u32x2*>(row + (V_DIMS * warp + 16 * t) / 2);
+                const unsigned mv = st.mult[srow * SCALES + 2 * warp + (t >> 1)];
+                const unsigned mr = st.mult[srow * SCALES + D_V / MX_BLOCK + (warp >> 2)];
+                const unsigned wv[2] = {v.x, v.y};
+#pragma unroll
+                for (int k = 0; k < 2; ++k) {
+                    unsigned w4[4];
+                    e2m1x8_to_bf16x2_scaled_down(wv[k], w4);
+#pragma unroll
+                    for (int i = 0; i < 4; ++i) kf[j][2 * k + (i >> 1)][i & 1] = mul_bf16x2(w4[i], mv);
+                }
+                kr = mul_bf16x2(e2m1x2_to_bf16x2_scaled_down(row[(D_V + ROPE_DIMS * warp) / 2 + t]), mr);
+            }
+            float s[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+            for (int kk = 0; kk < KSTEPS; ++kk) mma_bf16_16816(s, qa[kk], kf[j][kk][0], kf[j][kk][1]);
+            mma_bf16_1688(s, qr[0], qr[1], kr);
+            *reinterpret_cast<f32x2*>(&sm.x.red[warp][g][8 * j + 2 * t]) = f32x2{s[0], s[1]};
+            *reinterpret_cast<f32x2*>(&sm.x.red[warp][g + 8][8 * j + 2 * t]) = f32x2{s[2], s[3]};
+        }
+        block_sync();
+
+        // ---- softmax of heads 2 warp, 2 warp + 1: the block's one state for them
+        {
+            f32x2 sum = *reinterpret_cast<const f32x2*>(&sm.x.red[0][sh][2 * su]);
+#pragma unroll
+            for (int w = 1; w < WARPS; ++w) {
+                const f32x2 part = *reinterpret_cast<const f32x2*>(&sm.x.red[w][sh][2 * su]);
+                sum.x += part.x;
+                sum.y += part.y;
+            }
+            const int tok = tile * TILE + 2 * su;
+            const float s0 = tok < n ? sum.x * qk_scale : neg_inf;
+            const float s1 = tok + 1 < n ? sum.y * qk_scale : neg_inf;
+            float tmax = s0 > s1 ? s0 : s1;
+            tmax = warp_xor_max(tmax, 8);
+            tmax = warp_xor_max(tmax, 4);
+            tmax = warp_xor_max(tmax, 2);
+            tmax = warp_xor_max(tmax, 1);
+            const float m_new = m_run > tmax ? m_run : tmax;
+            const float alpha = exp2_approx(m_run - m_new);
+            const unsigned pp = pack_bf16x2_rn(exp2_approx(s0 - m_new), exp2_approx(s1 - m_new));
+            const float p0 = f32_from_bits(pp << 16), p1 = f32_from_bits(pp & 0xffff0000u);
+            l_run = l_run * alpha + (p0 + p1);
+            m_run = m_new;
+            // tokens 16 kk' + 2u, +1 (u = su % 8) are P.V k-slots 2u, 2u + 1 of step kk'.
+            const int step = su >> 3, u = su & 7;
+            const int dst_lane = 4 * (sh & 7) + (u & 3);
+            const int dst_reg = (sh >> 3) + 2 * (u >> 2);
+            sm.pfrag[step][dst_lane][dst_reg] = pp;
+            if (su == 0) sm.alpha[sh] = alpha;
+        }
+        block_sync();
+
+        // ---- P.V over the warp's 64 columns: V = movmatrix.trans of the K' fragments
+        {
+            const float a_lo = sm.alpha[g], a_hi = sm.alpha[g + 8];
+            if (!warp_all(a_lo == 1.0f && a_hi == 1.0f)) {
+#pragma unroll
+                for (int kk = 0; kk < KSTEPS; ++kk)
+#pragma unroll
+                    for (int r = 0; r < 2; ++r) {
+                        o[kk][r][0] *= a_lo;
+                        o[kk][r][1] *= a_lo;
+                        o[kk][r][2] *= a_hi;
+                        o[kk][r][3] *= a_hi;
+                    }
+            }
+#pragma unroll
+            for (int step = 0; step < PV_STEPS; ++step) {
+                const u32x4 pa = *reinterpret_cast<const u32x4*>(sm.pfrag[step][lane]);
+                const unsigned a[4] = {pa.x, pa.y, pa.z, pa.w};
+#pragma unroll
+                for (int kk = 0; kk < KSTEPS; ++kk)
+#pragma unroll
+                    for (int r = 0; r < 2; ++r)
+                        mma_bf16_16816(o[kk][r], a, movmatrix_trans(kf[2 * step][kk][r]),
+                                       movmatrix_trans(kf[2 * step + 1][kk][r]));
+            }
+        }
+        if (MXFP4) store_scales(tile + STAGES - 1);
+    }
+
+    // ---- the item's state: m, l of head sh; O of heads g, g + 8
+    float l = l_run;
+    l = warp_xor_sum(l, 8);
+    l = warp_xor_sum(l, 4);
+    l = warp_xor_sum(l, 2);
+    l = warp_xor_sum(l, 1);
+    if (su == 0) {
+        sm.l[sh] = l;
+        if (slot >= 0) {
+            p.part_ml[(slot * HEADS + sh) * 2] = m_run;
+            p.part_ml[(slot * HEADS + sh) * 2 + 1] = l;
+        } else if (p.lse != nullptr) {
+            p.lse[seq * HEADS + sh] = l > 0.0f ? (m_run + log2_f32(l)) * 0.6931471805599453f : neg_inf;
+        }
+    }
+    block_sync();
+
+    // 2^QSHIFT undoes K' = K * 2^-QSHIFT (exact); fp8's tensor scale is one factor (split.hip).
+    const float out_scale = exp2_int(QSHIFT) * (FP8 ? p.kv_fp8_scale : 1.0f);
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+        const int head = g + 8 * hh;
+        const float lh = sm.l[head];
+#pragma unroll
+        for (int kk = 0; kk < KSTEPS; ++kk)
+#pragma unroll
+            for (int r = 0; r < 2; ++r)
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    const int d = dim_of(warp, t, kk, r, e);
+                    const float a = o[kk][r][2 * hh + e] * out_scale;
+                    if (slot >= 0) {
+                        p.part_acc[((long long)slot * HEADS + head) * D_V + d] = a;
+                    } else {
+                        // An empty sequence has l = 0 and O = 0: its output is 0.
+                        static_cast<unsigned short*>(p.out)[((long long)seq * HEADS + head) * D_V + d] =
+                            (unsigned short)f32_to_bf16_bits(lh > 0.0f ? a / lh : 0.0f);
+                    }
+                }
+    }
+    if (slot >= 0 && arrive_last(p, it, &sm.last)) merge_partials<THREADS>(p, it);
+}

@@ -1,0 +1,232 @@
+#!/usr/bin/env python3
+"""First GPU trial of the sm_90 tensor-core split kernel (hip_src/decode/split_sm90.hip).
+
+On an H200 (through hipmla's HIP-on-CUDA library, like every hipmla GPU run):
+
+1. correctness: the kernel alone (p.fast_tile = 0, it takes every item) against the
+   emulator with its 32-token tile (``emulate_decode(..., tile_tokens=SM90_TILE_TOKENS)``)
+   and loosely against exact attention, for the 8 benchmark shapes and ragged paged mixes
+   (page sizes 1/16/64, empty sequences, random page order), all three cache formats;
+2. speed: µs per launch with HIP events (warm-up, then the median of --iters), next to the
+   portable split kernel on the same inputs, and GB/s = (tokens x bytes per token + Q + out)
+   / time.
+
+    python scripts/sm90_trial.py                  # everything
+    python scripts/sm90_trial.py --formats mxfp4 --no-ragged --iters 50
+
+The decoder is not involved: the kernel is not wired in yet. ``Sm90Kernel`` is also what
+tests/test_sm90.py's GPU test launches.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import ml_dtypes
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from hipmla import kernels, runtime  # noqa: E402
+from hipmla.emulate import LOG2E, SM90_TILE_TOKENS, emulate_decode  # noqa: E402
+from hipmla.formats import KV_FORMATS  # noqa: E402
+from hipmla.schedule import SplitPolicy  # noqa: E402
+
+EMU_RTOL, EMU_ATOL, EMU_LSE_ATOL = 2.0 ** -7, 1e-3, 1e-3  # tests/test_decode_gpu.py's bounds
+
+
+class Sm90Kernel:
+    """One kernel (sm_90 tensor-core, or for comparison the portable split kernel) with its
+    own partial scratch and counters, launched with a DecodeParams filled the way
+    hipmla.decode.Decoder._prepare fills it (fast_tile = 0)."""
+
+    def __init__(self, kv_format: str, sm_scale: float, max_batch: int, portable: bool = False):
+        info = runtime.device_info(0)
+        self.spec = (kernels.split_kernel(kv_format, "bf16") if portable
+                     else kernels.sm90_split_kernel(kv_format))
+        if not portable and not self.spec.builds_for(info.arch):
+            raise RuntimeError(f"the sm_90 kernel needs an sm_90 device, this one is {info.arch}")
+        self.fn = runtime.load_kernel(self.spec, info.arch)
+        self.policy = SplitPolicy.for_device(info.num_cus)
+        self.kv_format = kv_format
+        slots = self.policy.max_items(max_batch)
+        acc = slots * kernels.HEADS * kernels.D_V * 4
+        ml = slots * kernels.HEADS * 2 * 4
+        self.scratch = runtime.alloc(acc + ml + max_batch * 4)
+        runtime.memset(self.scratch.ptr + acc + ml, 0, max_batch * 4)
+        runtime.synchronize()
+        p = self.params = kernels.DecodeParams()
+        p.part_acc, p.part_ml, p.counters = self.scratch.ptr, self.scratch.ptr + acc, self.scratch.ptr + acc + ml
+        p.sm_scale_log2 = float(np.float32(np.float32(sm_scale) * LOG2E))
+        p.split_target = self.policy.target_items
+        p.split_min_tokens = self.policy.min_split_tokens
+        p.split_align = self.policy.align_tokens
+        p.fast_tile = 0
+        self.max_batch = max_batch
+
+    def bind(self, dev: dict, batch: int, page_size: int, fp8_scale: float | None, lse_ptr: int, out_ptr: int):
+        """A prepared launch (one C call) for these device arrays."""
+        if batch > self.max_batch:
+            raise ValueError(f"batch {batch} > max_batch {self.max_batch}")
+        p = kernels.DecodeParams.from_buffer_copy(self.params)
+        p.q, p.kv, p.kv_indptr = dev["q"].ptr, dev["kv"].ptr, dev["kv_indptr"].ptr
+        p.out, p.lse = out_ptr, lse_ptr
+        p.kv_indices = dev["kv_indices"].ptr if "kv_indices" in dev else 0
+        p.kv_last_page_len = dev["kv_last_page_len"].ptr if "kv_last_page_len" in dev else 0
+        p.page_shift = int(page_size).bit_length() - 1 if "kv_indices" in dev else 0
+        if "kv_scale" in dev:
+            p.kv_scale, p.stride_kv_scale = dev["kv_scale"].ptr, int(dev["kv_scale"].shape[1])
+        p.kv_fp8_scale = float(fp8_scale) if self.kv_format == "fp8" else 1.0
+        p.batch = batch
+        grid = kernels.grid_decode(self.policy.max_items(batch))
+        return self.fn.bind(p).prepare(grid, (self.spec.block_threads, 1, 1), self.spec.dynamic_shared_bytes)
+
+    def close(self) -> None:
+        self.scratch.free()
+
+
+def upload(q, kv, layout) -> dict:
+    i32 = lambda a: np.asarray(a, dtype=np.int32)  # noqa: E731  (the kernel reads int32)
+    host = {"q": q.view(np.uint16), "kv": kv.data, "kv_indptr": i32(layout.kv_indptr)}
+    if layout.paged:
+        host |= {"kv_indices": i32(layout.kv_indices), "kv_last_page_len": i32(layout.kv_last_page_len)}
+    if kv.scales is not None:
+        host["kv_scale"] = kv.scales
+    return {k: runtime.DeviceArray.from_host(np.ascontiguousarray(v)) for k, v in host.items()}
+
+
+def run_once(kernel: Sm90Kernel, q, kv, layout):
+    """(out bf16 (b,16,512), lse (b,16)) of one launch; outputs poisoned with NaN first."""
+    b = layout.batch
+    dev = upload(q, kv, layout)
+    d_out = runtime.DeviceArray((b, 16, 512), np.uint16)
+    d_lse = runtime.DeviceArray((b, 16), np.float32)
+    try:
+        runtime.memset(d_out.ptr, 0xFF, d_out.nbytes)
+        runtime.memset(d_lse.ptr, 0xFF, d_lse.nbytes)
+        kernel.bind(dev, b, layout.page_size, kv.fp8_scale, d_lse.ptr, d_out.ptr)()
+        runtime.synchronize()
+        return d_out.to_host().view(ml_dtypes.bfloat16), d_lse.to_host()
+    finally:
+        for a in list(dev.values()) + [d_out, d_lse]:
+            a.free()
+
+
+def compare(out, lse, q, kv, layout, sm_scale, policy, seqs) -> dict:
+    """Worst device-vs-emulator errors on the sequences ``seqs`` (emulator: 32-token tiles)."""
+    emu_out, emu_lse = emulate_decode(q, kv, layout, sm_scale, policy, q_precision="bf16",
+                                      q_fp8_variant="e4m3fn", seqs=seqs, tile_tokens=SM90_TILE_TOKENS)
+    o = np.asarray(out[seqs], np.float32)
+    e = np.asarray(emu_out, np.float32)
+    scale = float(np.abs(e).max(initial=0)) or 1.0
+    err = np.abs(o - e)
+    bad = int((~(err <= EMU_RTOL * np.abs(e) + EMU_ATOL * scale)).sum())  # NaN counts as bad
+    l_dev, l_emu = lse[seqs], emu_lse
+    pattern = bool((np.isneginf(l_dev) == np.isneginf(l_emu)).all())
+    with np.errstate(invalid="ignore"):
+        lerr = np.where(np.isneginf(l_dev) & np.isneginf(l_emu), 0, np.abs(l_dev - l_emu))
+    lerr_max = float(np.nan_to_num(lerr, nan=np.inf).max(initial=0))
+    return {"bad": bad, "max_abs": float(np.nan_to_num(err, nan=np.inf).max(initial=0)),
+            "bitexact": float((o == e).mean()) if o.size else 1.0, "lse": lerr_max,
+            "ok": bad == 0 and pattern and lerr_max <= EMU_LSE_ATOL}
+
+
+def sample(lens: np.ndarray, k: int = 6) -> np.ndarray:
+    batch = lens.shape[0]
+    picks = set(np.linspace(0, batch - 1, min(k, batch)).round().astype(int).tolist())
+    picks.add(int(np.argmax(lens)))
+    empty = np.flatnonzero(lens == 0)
+    if empty.size:
+        picks.add(int(empty[0]))
+    return np.array(sorted(picks))
+
+
+def time_launch(launch, iters: int) -> float:
+    """Median µs of one launch over ``iters`` event-timed launches (after 3 warm-ups)."""
+    for _ in range(3):
+        launch()
+    start, stop = runtime.Event(), runtime.Event()
+    times = []
+    for _ in range(iters):
+        start.record()
+        launch()
+        stop.record()
+        stop.synchronize()
+        times.append(start.elapsed_ms(stop) * 1e3)
+    start.close()
+    stop.close()
+    return float(np.median(times))
+
+
+def main() -> int:
+    from hipmla.inputs import benchmark_shapes, make_inputs, random_cache, random_seq_lens
+    from hipmla.paging import random_page_table
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--formats", nargs="+", default=list(KV_FORMATS), choices=KV_FORMATS)
+    ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--no-ragged", action="store_true")
+    ap.add_argument("--no-timing", action="store_true")
+    args = ap.parse_args()
+    sm_scale = 1 / 576 ** 0.5
+    failures = 0
+    print(f"device: {runtime.device_info(0).name} ({runtime.device_info(0).arch}, "
+          f"{runtime.device_info(0).num_cus} SMs)")
+    for fmt in args.formats:
+        for shape in benchmark_shapes():
+            inputs = make_inputs(shape.seq_lens, fmt, seed=shape.batch + shape.kv_len, sm_scale=sm_scale)
+            b = inputs.batch
+            fast = Sm90Kernel(fmt, sm_scale, b)
+            out, lse = run_once(fast, inputs.q, inputs.kv, inputs.layout)
+            r = compare(out, lse, inputs.q, inputs.kv, inputs.layout, sm_scale, fast.policy,
+                        sample(inputs.seq_lens, 4))
+            failures += not r["ok"]
+            line = (f"{fmt:5s} {shape.name:8s} emu {'ok ' if r['ok'] else 'BAD'} bad {r['bad']} "
+                    f"max_abs {r['max_abs']:.2e} bitexact {r['bitexact']:.4f} lse {r['lse']:.1e}")
+            if not args.no_timing:
+                portable = Sm90Kernel(fmt, sm_scale, b, portable=True)
+                dev = upload(inputs.q, inputs.kv, inputs.layout)
+                d_out = runtime.DeviceArray((b, 16, 512), np.uint16)
+                d_lse = runtime.DeviceArray((b, 16), np.float32)
+                t_fast = time_launch(fast.bind(dev, b, 1, inputs.kv.fp8_scale, d_lse.ptr, d_out.ptr), args.iters)
+                t_port = time_launch(portable.bind(dev, b, 1, inputs.kv.fp8_scale, d_lse.ptr, d_out.ptr),
+                                     max(3, args.iters // 4))
+                tokens = int(inputs.seq_lens.sum())
+                nbytes = tokens * inputs.kv.bytes_per_token + b * 16 * 576 * 2 + b * 16 * 512 * 2
+                line += (f" | sm90 {t_fast:8.1f} us {nbytes / t_fast / 1e3:7.0f} GB/s"
+                         f" | portable {t_port:8.1f} us {nbytes / t_port / 1e3:7.0f} GB/s"
+                         f" | x{t_port / t_fast:.1f}")
+                for a in list(dev.values()) + [d_out, d_lse]:
+                    a.free()
+                portable.close()
+            print(line, flush=True)
+            fast.close()
+        if args.no_ragged:
+            continue
+        rng = np.random.default_rng(2026)
+        mixes = [np.array([1, 0, 31, 32, 33, 127, 128, 129, 16383, 64, 65]), np.zeros(3, np.int64)]
+        mixes += [random_seq_lens(rng, max_batch=200, max_len=12000) for _ in range(6)]
+        for i, lens in enumerate(mixes):
+            page_size = (1, 16, 64)[i % 3]
+            layout = random_page_table(lens, page_size, rng, spare_pages=17, shared=3)
+            pool_rows = (int(layout.kv_indices.max(initial=0)) + 1) * page_size
+            pool = random_cache(pool_rows, fmt, rng, scale_stride=24)
+            q = rng.standard_normal((lens.shape[0], 16, 576), dtype=np.float32).astype(ml_dtypes.bfloat16)
+            fast = Sm90Kernel(fmt, sm_scale, lens.shape[0])
+            out, lse = run_once(fast, q, pool, layout)
+            r = compare(out, lse, q, pool, layout, sm_scale, fast.policy, sample(lens))
+            finite = bool(np.isfinite(out.astype(np.float32)).all())
+            ok = r["ok"] and finite
+            failures += not ok
+            print(f"{fmt:5s} ragged {i} (bs {lens.shape[0]}, {int(lens.sum())} tokens, page {page_size}) "
+                  f"emu {'ok ' if ok else 'BAD'} bad {r['bad']} max_abs {r['max_abs']:.2e} "
+                  f"bitexact {r['bitexact']:.4f} lse {r['lse']:.1e} finite {finite}", flush=True)
+            fast.close()
+    print("ALL OK" if failures == 0 else f"{failures} FAILURES")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,264 @@
+"""The sm_90 tensor-core split kernel (hip_src/decode/split_sm90.hip).
+
+CPU: every cache format compiles for sm_90 exactly as the GPU run compiles it (hiprtc ->
+hipmla's HIP-on-CUDA library -> NVRTC), the cubin has the symbol and no local memory;
+with the CUDA toolkit present, ptxas reports no stack or spills, and the kernel's
+``sizeof(Smem)`` equals the dynamic shared memory its KernelSpec asks for. The emulator
+schedule it follows (one softmax state, 32-token tiles) is checked against exact math.
+GPU (``gpu``): the kernel alone against that emulator for ragged paged batches in all
+formats (scripts/sm90_trial.py has the runner).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from hipmla import kernels, nvidia
+from hipmla.emulate import SM90_TILE_TOKENS, emulate_decode, emulate_work_item, quantize_q
+from hipmla.formats import KV_FORMATS
+from hipmla.inputs import make_inputs, random_cache
+from hipmla.paging import random_page_table
+from hipmla.reference import mla_decode_reference
+from hipmla.schedule import SplitPolicy
+
+REPO = Path(__file__).resolve().parent.parent
+SPECS = [kernels.sm90_split_kernel(kv) for kv in KV_FORMATS]
+
+
+def _ids(spec):
+    return spec.symbol
+
+
+# ----------------------------------------------------------------------------- the spec
+
+
+@pytest.mark.parametrize("kv_format", KV_FORMATS)
+def test_spec(kv_format):
+    spec = kernels.sm90_split_kernel(kv_format)
+    assert spec.symbol == f"hipmla_decode_split_sm90_{kv_format}_qbf16"
+    assert spec.source == "decode/split_sm90.hip" and spec.archs == ("sm_90",)
+    assert spec.tile_tokens == 0 and spec.block_threads == 256
+    assert spec.builds_for("sm_90") and not spec.builds_for("gfx950")
+    assert "-DHIPMLA_Q_PRECISION=0" in spec.options("sm_90")
+    assert "-DHIPMLA_FP8_FNUZ=0" in spec.options("sm_90")
+    # two blocks per SM: 2 x (dynamic + 1 KiB reserved per block) within an H100/H200 SM's 228 KiB
+    assert 2 * (spec.dynamic_shared_bytes + 1024) <= 228 * 1024
+
+
+def test_not_wired_into_the_fast_path():
+    assert "sm_90" not in kernels.FAST_VARIANTS
+    assert kernels.fast_split_kernel("sm_90", "mxfp4", "bf16") is None
+
+
+def test_bad_format_names_itself():
+    with pytest.raises(ValueError, match="kv_format"):
+        kernels.sm90_split_kernel("int4")
+
+
+# ----------------------------------------------------------------------------- NVRTC via the shim
+
+def _nvrtc_available() -> bool:
+    return nvidia.find_nvrtc() is not None
+
+
+needs_nvrtc = pytest.mark.skipif(not _nvrtc_available(), reason="no NVRTC library found")
+
+COMPILE_SCRIPT = """
+import json
+from hip import hiprtc
+from hipmla.kernels import sm90_split_kernel, translation_unit
+
+out = {}
+for kv in ("bf16", "fp8", "mxfp4"):
+    spec = sm90_split_kernel(kv)
+    flags = ["--offload-arch=sm_90", "-O3", *spec.options("sm_90")]  # as runtime._compile
+    status, prog = hiprtc.hiprtcCreateProgram(translation_unit(spec.source).encode(), spec.symbol.encode(),
+                                              0, [], [])
+    (status,) = hiprtc.hiprtcCompileProgram(prog, len(flags), [f.encode() for f in flags])
+    _, log_size = hiprtc.hiprtcGetProgramLogSize(prog)
+    log = bytearray(log_size)
+    hiprtc.hiprtcGetProgramLog(prog, log)
+    code = b""
+    if int(status) == 0:
+        _, size = hiprtc.hiprtcGetCodeSize(prog)
+        buffer = bytearray(size)
+        hiprtc.hiprtcGetCode(prog, buffer)
+        code = bytes(buffer)
+    hiprtc.hiprtcDestroyProgram(prog.createRef())
+    path = OUT + "/" + spec.symbol + ".cubin"
+    open(path, "wb").write(code)
+    out[spec.symbol] = {"ok": int(status) == 0, "elf": code[:4] == b"\\x7fELF", "has": spec.symbol.encode() in code,
+                        "local": b".nv.local." in code, "log": log.rstrip(b"\\0").decode()[-3000:], "path": path}
+print(json.dumps(out))
+"""
+
+
+@pytest.fixture(scope="module")
+def nvrtc_builds(tmp_path_factory) -> dict:
+    if not _nvrtc_available():
+        pytest.skip("no NVRTC library found")
+    import json
+
+    shim = nvidia.build_shim(tmp_path_factory.mktemp("shim"))
+    out_dir = tmp_path_factory.mktemp("cubins")
+    env = {**os.environ, **nvidia.shim_env(shim), "HIPMLA_LIBCUDA": "/nonexistent/libcuda.so.1"}
+    done = subprocess.run([sys.executable, "-c", f"OUT = {str(out_dir)!r}\n" + COMPILE_SCRIPT],
+                          env=env, capture_output=True, text=True, timeout=600, cwd=REPO)
+    assert done.returncode == 0, f"child failed:\n{done.stdout}\n{done.stderr}"
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@needs_nvrtc
+@pytest.mark.parametrize("spec", SPECS, ids=_ids)
+def test_compiles_for_sm_90_through_hiprtc(nvrtc_builds, spec):
+    r = nvrtc_builds[spec.symbol]
+    assert r["ok"], f"{spec.symbol}:\n{r['log']}"
+    assert r["elf"] and r["has"], spec.symbol
+    assert not r["local"], f"{spec.symbol}: the cubin has local memory (spills or a stack array)"
+
+
+def _cuda_tool(name: str) -> str | None:
+    found = shutil.which(name)
+    if found:
+        return found
+    try:
+        import nvidia as nvidia_pkgs  # the pip wheels nvidia-cuda-* share this namespace
+    except ImportError:
+        return None
+    for base in nvidia_pkgs.__path__:
+        for candidate in Path(base).glob(f"*/bin/{name}"):
+            return str(candidate)
+    return None
+
+
+@needs_nvrtc
+@pytest.mark.parametrize("spec", SPECS, ids=_ids)
+def test_resources_of_the_nvrtc_cubin(nvrtc_builds, spec):
+    """Two blocks of 8 warps per SM: <= 128 registers, no stack, no local memory."""
+    tool = _cuda_tool("cuobjdump")
+    if tool is None:
+        pytest.skip("no cuobjdump (pip install nvidia-cuda-cuobjdump)")
+    usage = subprocess.run([tool, "-res-usage", nvrtc_builds[spec.symbol]["path"]], capture_output=True,
+                           text=True, check=True).stdout
+    m = re.search(r"REG:(\d+) STACK:(\d+) SHARED:\d+ LOCAL:(\d+)", usage)
+    assert m, usage
+    reg, stack, local = map(int, m.groups())
+    assert reg <= 128 and stack == 0 and local == 0, usage
+
+
+def _nvcc() -> str | None:
+    return shutil.which("nvcc")
+
+
+@pytest.mark.skipif(_nvcc() is None, reason="no nvcc")
+@pytest.mark.parametrize("spec", SPECS, ids=_ids)
+def test_ptxas_no_spills_and_shared_size_matches(spec, tmp_path):
+    tu = tmp_path / "k.cu"
+    tu.write_text(kernels.translation_unit(spec.source))
+    defines = spec.options("sm_90")
+    done = subprocess.run([_nvcc(), "-arch=sm_90", "-cubin", "-O3", "-Xptxas", "-v", *defines, "-x", "cu", str(tu),
+                           "-o", str(tmp_path / "k.cubin")], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert "0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads" in done.stderr, done.stderr
+    regs = int(re.search(r"Used (\d+) registers", done.stderr).group(1))
+    assert regs <= 128
+    host = tmp_path / "size.cu"
+    host.write_text(tu.read_text() + '\n#include <cstdio>\nint main() { std::printf("%zu\\n", '
+                    "sizeof(hipmla::sm90k::Smem)); return 0; }\n")
+    exe = tmp_path / "size"
+    done = subprocess.run([_nvcc(), "-arch=sm_90", *defines, "-x", "cu", str(host), "-o", str(exe)],
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert int(subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout) == \
+        spec.dynamic_shared_bytes
+
+
+def test_source_rejects_other_specialisations(tmp_path):
+    source = kernels.translation_unit("decode/split_sm90.hip")
+    assert "#error" in source and "HIPMLA_Q_PRECISION=0" in source
+
+
+# ----------------------------------------------------------------------------- the emulated schedule
+
+
+def test_tile_is_the_kernels():
+    text = (REPO / "hip_src" / "decode" / "split_sm90.hip").read_text()
+    assert re.search(r"constexpr int TILE = (\d+);", text).group(1) == str(SM90_TILE_TOKENS)
+
+
+@pytest.mark.parametrize("kv_format", KV_FORMATS)
+def test_sm90_schedule_close_to_exact_attention(kv_format):
+    """emulate_decode with 32-token tiles (the kernel's one softmax state) stays within the
+    project's reference tolerance for ragged lengths around the tile edges."""
+    lens = np.array([0, 1, 31, 32, 33, 64, 200, 1000])
+    inputs = make_inputs(lens, kv_format, seed=5, sm_scale=1 / 24)
+    policy = SplitPolicy.for_device(4)
+    out, lse = emulate_decode(inputs.q, inputs.kv, inputs.layout, 1 / 24, policy, tile_tokens=SM90_TILE_TOKENS)
+    ref_out, ref_lse = mla_decode_reference(inputs.q, inputs.kv, inputs.layout, 1 / 24)
+    err = np.abs(np.asarray(out, np.float32) - ref_out)
+    assert (err <= 2e-2 * (1 + np.abs(ref_out))).all()
+    fin = np.isfinite(ref_lse)
+    assert (np.isneginf(lse) == ~fin).all()
+    assert np.abs(lse[fin] - ref_lse[fin]).max() < 1e-2
+
+
+def test_one_tile_items_do_not_depend_on_the_tile_size():
+    rng = np.random.default_rng(1)
+    q = quantize_q(rng.standard_normal((16, 576)).astype(ml_dtypes.bfloat16).astype(np.float32), "bf16")
+    k = rng.standard_normal((32, 576)).astype(np.float32)
+    a = emulate_work_item(q, k, np.float32(0.06), tile=SM90_TILE_TOKENS)
+    b = emulate_work_item(q, k, np.float32(0.06), tile=64)
+    assert np.array_equal(a.acc, b.acc) and np.array_equal(a.m, b.m) and np.array_equal(a.l, b.l)
+
+
+# ----------------------------------------------------------------------------- on the GPU
+
+
+def _trial_module():
+    spec = importlib.util.spec_from_file_location("sm90_trial", REPO / "scripts" / "sm90_trial.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kv_format", KV_FORMATS)
+def test_gpu_ragged_paged_batches_match_the_emulator(kv_format):
+    from hipmla import runtime
+
+    if not runtime.available() or runtime.device_info(0).arch != "sm_90":
+        pytest.skip("needs an sm_90 GPU")
+    trial = _trial_module()
+    sm_scale = 1 / 24
+    configs = [np.array([1, 0, 31, 32, 33, 127, 128, 129, 16383, 64, 65]), np.zeros(3, np.int64)]
+    rng = np.random.default_rng(90)
+    configs += [rng.integers(0, 9000, size=int(rng.integers(1, 150))) for _ in range(4)]
+    for i, lens in enumerate(configs):
+        page_size = (1, 16, 64, 128)[i % 4]
+        layout = random_page_table(lens, page_size, rng, spare_pages=17, shared=3)
+        pool_rows = (int(layout.kv_indices.max(initial=0)) + 1) * page_size
+        pool = random_cache(pool_rows, kv_format, rng, scale_stride=24 if i % 2 else 18)
+        q = rng.standard_normal((lens.shape[0], 16, 576), dtype=np.float32).astype(ml_dtypes.bfloat16)
+        kernel = trial.Sm90Kernel(kv_format, sm_scale, lens.shape[0])
+        try:
+            out, lse = trial.run_once(kernel, q, pool, layout)
+            seqs = trial.sample(lens)
+            r = trial.compare(out, lse, q, pool, layout, sm_scale, kernel.policy, seqs)
+        finally:
+            kernel.close()
+        what = f"{kv_format} config {i} (bs {lens.shape[0]}, {int(lens.sum())} tokens, page {page_size})"
+        assert np.isfinite(out.astype(np.float32)).all(), f"{what}: unwritten or non-finite output"
+        assert r["ok"], f"{what}: {r}"
+        ref_out, ref_lse = mla_decode_reference(q, pool, layout, sm_scale, seqs=seqs)
+        err = np.abs(np.asarray(out[seqs], np.float32) - ref_out)
+        assert (err <= 2e-2 * (1 + np.abs(ref_out))).all(), f"{what}: worst error vs reference {err.max():.3e}"
