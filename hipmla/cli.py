@@ -287,7 +287,8 @@ def _backend(device: str) -> Backend:
         count, reason = 0, str(e).splitlines()[0] if str(e) else type(e).__name__
     if count == 0:
         if device == "auto":
-            log.info("no GPU reachable through hip-python (%s); checking on the host emulator", reason)
+            log.info("no GPU reachable through hip-python (%s); checking on the host emulator",
+                     reason.split(". ")[0].rstrip("."))
             return _host_backend()
         raise _fail(f"--device {device}: no GPU reachable through hip-python ({reason})")
     index = int(device.split(":")[1]) if ":" in device else 0
