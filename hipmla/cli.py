@@ -327,11 +327,12 @@ def cmd_check(args) -> int:
     for i, (fmt, shape) in enumerate((f, s) for f in formats for s in shapes):
         step = f"[{i + 1}/{total}] {shape.name} {fmt}"
         seqs = sample_seqs(shape.batch, args.sample)
-        progress(f"{step}: generating {len(seqs)} sequences of {shape.kv_len} tokens")
+        n = f"{len(seqs)} sequence{'' if len(seqs) == 1 else 's'}"
+        progress(f"{step}: generating {n} of {shape.kv_len} tokens")
         inputs = make_sampled_inputs(shape.seq_lens, seqs, fmt, seed=args.seed,
                                      fp8_variant=backend.fp8_variant())
         q = q_of[fmt]
-        progress(f"{step}: running {len(seqs)} sequences, {q} Q")
+        progress(f"{step}: running {n}, {q} Q")
         out, lse, seconds = backend.run(inputs, np.arange(len(seqs)), q)
         progress(f"{step}: exact reference")
         ref_out, ref_lse = mla_decode_reference(inputs.q, inputs.kv, inputs.layout, inputs.sm_scale)
@@ -348,11 +349,20 @@ def cmd_check(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m hipmla", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m hipmla",
+                                description="MLA decode attention for AMD Instinct GPUs: check, build, bench, "
+                                            "profile, and the NVIDIA runtime helper.",
+                                epilog="Results go to stdout, progress and notes to stderr (the 'hipmla' "
+                                       "logger). Environment variables: docs/ENVIRONMENT.md.")
     p.add_argument("--version", action="version", version=f"hipmla {__version__}")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    c = sub.add_parser("check", help="check sampled sequences of the 8 benchmark shapes against the exact reference")
+    c = sub.add_parser(
+        "check", help="check sampled sequences of the 8 benchmark shapes against the exact reference",
+        description="Decode sampled sequences of each benchmark shape (each at the shape's length; only "
+                    "their rows are built) on the GPU or the host emulator and compare output and LSE "
+                    "with exact f64 attention. Exit status 1 when a row fails (output or LSE beyond "
+                    "its bound), 2 on bad arguments.")
     c.add_argument("--format", default="mxfp4", choices=KV_FORMATS + ("all",))
     c.add_argument("--q-precision", default="auto", choices=Q_CHOICES,
                    help="Q precision to check; auto (default): what Decoder picks on the device "
@@ -364,7 +374,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="check only this many sequences of each batch (spread evenly; default all)")
     c.add_argument("--shapes", type=shape_names, default=None,
                    help="comma-separated subset, e.g. 4x1k,256x8k")
-    c.add_argument("--seed", type=non_negative_int, default=0)
+    c.add_argument("--seed", type=non_negative_int, default=0,
+                   help="seed of the inputs (each sequence's data depends on the seed and its index only)")
     c.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
     c.set_defaults(func=cmd_check)
 

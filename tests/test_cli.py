@@ -304,7 +304,7 @@ def test_progress_is_one_line_per_step_when_stderr_is_not_a_terminal(monkeypatch
     err = run_quietly_on(monkeypatch, tty=False)
     assert "\r" not in err
     steps = [l for l in err.splitlines() if l.startswith("hipmla: [")]
-    assert "hipmla: [1/2] 4x1k bf16: generating 1 sequences of 1024 tokens" in steps
+    assert "hipmla: [1/2] 4x1k bf16: generating 1 sequence of 1024 tokens" in steps
     assert "hipmla: [2/2] 32x1k bf16: exact reference" in steps
     assert len(steps) == 6  # 3 steps per row
 
