@@ -552,8 +552,11 @@ def test_cache_disabled(fake, monkeypatch):
 def test_cache_default_dir(monkeypatch, tmp_path):
     monkeypatch.delenv("HIPMLA_CACHE_DIR", raising=False)
     monkeypatch.delenv("HIPMLA_CACHE", raising=False)
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
     monkeypatch.setenv("HOME", str(tmp_path))
     assert runtime.cache_dir() == tmp_path / ".cache" / "hipmla" / "kernels"
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert runtime.cache_dir() == tmp_path / "xdg" / "hipmla" / "kernels"
 
 
 def test_empty_cache_file_is_a_miss(fake):
