@@ -199,8 +199,9 @@ class Decoder:
         self.config = DecoderConfig(kv_format, check_positive_finite(sm_scale, "sm_scale"), q_precision, heads)
         self.stream = stream
         self.fp8_variant = fp8_variant_for(arch)
-        self._split = kernels.split_kernel(kv_format, q_precision)
-        # Whole tiles of every sequence go to the arch's fast kernel where it has one.
+        # sm_90 with bf16 Q: the tensor-core kernel takes every item (any length); elsewhere
+        # the portable kernel, with whole tiles going to the arch's fast kernel if it has one.
+        self._split = kernels.main_split_kernel(arch, kv_format, q_precision)
         self._fast = kernels.fast_split_kernel(arch, kv_format, q_precision)
         self.policy = SplitPolicy.for_device(
             self.device.num_cus, fast_tile=self._fast.tile_tokens if self._fast is not None else 0)
@@ -227,6 +228,12 @@ class Decoder:
     @property
     def max_batch(self) -> int:
         return self._max_batch
+
+    @property
+    def tile_tokens(self) -> int:
+        """Tokens per online-softmax step of the kernel that takes the non-fast items (the
+        emulator's ``tile_tokens`` for this decoder)."""
+        return self._split.softmax_tile
 
     @property
     def scratch_bytes(self) -> int:

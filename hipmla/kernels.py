@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 # Shapes, formats and the tile are the numerics' (mirrored in hip_src/common/config.h).
-from hipmla.emulate import Q_PRECISIONS, TILE_TOKENS
+from hipmla.emulate import Q_PRECISIONS, SM90_TILE_TOKENS, TILE_TOKENS
 from hipmla.formats import KV_FORMATS
 from hipmla.reference import D_QK, D_V, HEADS
 
@@ -96,6 +96,7 @@ class KernelSpec:
     dynamic_shared_bytes: int  # 0: the kernels use static shared memory only
     archs: tuple[str, ...] = ()  # processors it builds for; () = every target
     tile_tokens: int = 0  # > 0: every work item must cover whole tiles of this many tokens
+    softmax_tile: int = TILE_TOKENS  # tokens per online-softmax step (the emulator's tile)
 
     def builds_for(self, arch: str) -> bool:
         """Whether this kernel exists for ``arch`` (target features ignored)."""
@@ -234,14 +235,12 @@ def translation_unit(source: str) -> str:
 
 # --- sm_90 tensor-core split kernel (hip_src/decode/split_sm90.hip) ------------------------
 #
-# Not wired into the decoder yet (it has not run on a GPU): sm90_split_kernel builds its
-# spec for tests and scripts/sm90_trial.py. It takes any item length, so tile_tokens = 0;
-# launched with p.fast_tile = 0 it runs every item of the schedule by itself.
+# The decoder's kernel on sm_90 with bf16 Q (main_split_kernel). It takes any item
+# length, so tile_tokens = 0; launched with p.fast_tile = 0 it runs every item of the
+# schedule by itself.
 
 SM90_SOURCE = "decode/split_sm90.hip"
 SM90_THREADS = 256
-#: Tokens per softmax step of the sm_90 kernel (the emulator's model of it).
-from hipmla.emulate import SM90_TILE_TOKENS  # noqa: E402
 
 
 def sm90_shared_bytes(kv_format: str) -> int:
@@ -274,4 +273,14 @@ def sm90_split_kernel(kv_format: str) -> KernelSpec:
         dynamic_shared_bytes=sm90_shared_bytes(kv_format),
         archs=("sm_90",),
         tile_tokens=0,
+        softmax_tile=SM90_TILE_TOKENS,
     )
+
+
+def main_split_kernel(arch: str, kv_format: str, q_precision: str) -> KernelSpec:
+    """The kernel that takes every item a fast kernel does not: the sm_90 tensor-core
+    kernel for bf16 Q on sm_90 (it ran on the H200 against the emulator: tests/test_sm90.py,
+    tests/test_decode_gpu.py), else the portable kernel."""
+    if isinstance(arch, str) and arch.split(":", 1)[0] == "sm_90" and q_precision == "bf16":
+        return sm90_split_kernel(kv_format)
+    return split_kernel(kv_format, q_precision)

@@ -32,7 +32,7 @@ def main() -> int:
                 cases.append((f"page {page_size}", scatter(inputs.kv, layout), layout))
             for name, kv, layout in cases:
                 out, lse = dec.decode(inputs.q, kv, layout)
-                emu, _ = emulate_decode(inputs.q, kv, layout, 1 / 24, dec.policy)
+                emu, _ = emulate_decode(inputs.q, kv, layout, 1 / 24, dec.policy, tile_tokens=dec.tile_tokens)
                 o = out.astype(np.float32)
                 if not np.isfinite(o).all():
                     print(f"{fmt} {name}: non-finite output")

@@ -879,3 +879,18 @@ def test_check_errors_names_each_kind_and_clears(monkeypatch):
     assert e.value.bits == 5 and isinstance(e.value, ValueError)
     assert gpu.memsets == [(dec._params.errors, 0, 4)]  # cleared for the next steps
     assert set(decode.DEVICE_ERRORS) == {1, 2, 4, 8}
+
+
+def test_sm90_takes_every_item_with_bf16_q(monkeypatch):
+    """On sm_90 the tensor-core kernel (any item length, 32-token softmax steps, dynamic
+    shared memory) is the one launch for bf16 Q; quantized Q stays on the portable kernel."""
+    gpu, dec = make(monkeypatch, arch="sm_90", q_precision="bf16")
+    assert dec._split.symbol == "hipmla_decode_split_sm90_mxfp4_qbf16" and dec._fast is None
+    assert dec.tile_tokens == 32 and dec._split.dynamic_shared_bytes > 48 * 1024
+    dec.run(**args(3))
+    (launch,) = gpu.launches
+    assert launch.symbol == dec._split.symbol and launch.fast_tile == 0
+    _, fp8_q = make(monkeypatch, arch="sm_90", q_precision="fp8")
+    assert fp8_q._split.symbol == "hipmla_decode_split_mxfp4_qfp8" and fp8_q.tile_tokens == 64
+    _, amd = make(monkeypatch, arch="gfx942", q_precision="bf16")
+    assert amd._split.symbol == "hipmla_decode_split_mxfp4_qbf16"

@@ -186,9 +186,11 @@ extern "C" __global__ void __launch_bounds__(hipmla::sm90k::THREADS, 2) HIPMLA_S
     const int tid = int(thread_index());
     const int warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
     const WorkItem it = schedule_item<THREADS>(p, int(block_index()), sm.x.sched);
-    const int n = it.end - it.begin;
     if (it.seq < 0) return;
-    if (p.fast_tile > 0 && !(n > 0 && n % p.fast_tile == 0)) return;  // the portable kernel's item
+    if (p.fast_tile > 0 && !it.fast) return;  // the portable kernel's item
+    // An item with invalid device-side input reads nothing and writes NaN (below).
+    report_bad_item(p, it);
+    const int n = it.bad ? 0 : it.end - it.begin;
     const int seq = it.seq;
     const int slot = it.n_items > 1 ? it.slot : -1;
     const KvRows rows = kv_rows(p, seq);
@@ -404,6 +406,17 @@ extern "C" __global__ void __launch_bounds__(hipmla::sm90k::THREADS, 2) HIPMLA_S
     }
 
     // ---- the item's state: m, l of head sh; O of heads g, g + 8
+    if (it.bad) {  // NaN partial or output: the merge turns it into NaN for the sequence
+        const float nan = f32_from_bits(0x7fc00000u);
+        m_run = nan;
+        l_run = nan;
+#pragma unroll
+        for (int kk = 0; kk < KSTEPS; ++kk)
+#pragma unroll
+            for (int r = 0; r < 2; ++r)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) o[kk][r][e] = nan;
+    }
     float l = l_run;
     l = warp_xor_sum(l, 8);
     l = warp_xor_sum(l, 4);
@@ -415,7 +428,8 @@ extern "C" __global__ void __launch_bounds__(hipmla::sm90k::THREADS, 2) HIPMLA_S
             p.part_ml[(slot * HEADS + sh) * 2] = m_run;
             p.part_ml[(slot * HEADS + sh) * 2 + 1] = l;
         } else if (p.lse != nullptr) {
-            p.lse[seq * HEADS + sh] = l > 0.0f ? (m_run + log2_f32(l)) * 0.6931471805599453f : neg_inf;
+            // l = 0 only for an empty sequence; NaN (a bad item) stays NaN.
+            p.lse[seq * HEADS + sh] = !(l <= 0.0f) ? (m_run + log2_f32(l)) * 0.6931471805599453f : neg_inf;
         }
     }
     block_sync();
@@ -437,9 +451,9 @@ extern "C" __global__ void __launch_bounds__(hipmla::sm90k::THREADS, 2) HIPMLA_S
                     if (slot >= 0) {
                         p.part_acc[((long long)slot * HEADS + head) * D_V + d] = a;
                     } else {
-                        // An empty sequence has l = 0 and O = 0: its output is 0.
+                        // An empty sequence has l = 0 and O = 0: its output is 0 (a bad one NaN).
                         static_cast<unsigned short*>(p.out)[((long long)seq * HEADS + head) * D_V + d] =
-                            (unsigned short)f32_to_bf16_bits(lh > 0.0f ? a / lh : 0.0f);
+                            (unsigned short)f32_to_bf16_bits(!(lh <= 0.0f) ? a / lh : 0.0f);
                     }
                 }
     }
