@@ -73,14 +73,20 @@ def _nvrtc_available() -> bool:
 
 needs_nvrtc = pytest.mark.skipif(not _nvrtc_available(), reason="no NVRTC library found")
 
+#: Everything the decoder runs on sm_90: the tensor-core kernel for bf16 Q, the portable
+#: kernel for quantized Q (one build per cache format is enough to catch a compile error).
+BUILDS = [("sm90_split_kernel", (kv,)) for kv in KV_FORMATS] + \
+    [("split_kernel", (kv, qp)) for kv, qp in (("bf16", "fp8"), ("fp8", "mxfp4"), ("mxfp4", "fp8"))]
+
 COMPILE_SCRIPT = """
 import json
 from hip import hiprtc
-from hipmla.kernels import sm90_split_kernel, translation_unit
+from hipmla import kernels
+from hipmla.kernels import translation_unit
 
 out = {}
-for kv in ("bf16", "fp8", "mxfp4"):
-    spec = sm90_split_kernel(kv)
+for factory, args in BUILDS:
+    spec = getattr(kernels, factory)(*args)
     flags = ["--offload-arch=sm_90", "-O3", *spec.options("sm_90")]  # as runtime._compile
     status, prog = hiprtc.hiprtcCreateProgram(translation_unit(spec.source).encode(), spec.symbol.encode(),
                                               0, [], [])
@@ -112,10 +118,22 @@ def nvrtc_builds(tmp_path_factory) -> dict:
     shim = nvidia.build_shim(tmp_path_factory.mktemp("shim"))
     out_dir = tmp_path_factory.mktemp("cubins")
     env = {**os.environ, **nvidia.shim_env(shim), "HIPMLA_LIBCUDA": "/nonexistent/libcuda.so.1"}
-    done = subprocess.run([sys.executable, "-c", f"OUT = {str(out_dir)!r}\n" + COMPILE_SCRIPT],
+    done = subprocess.run([sys.executable, "-c", f"OUT = {str(out_dir)!r}\nBUILDS = {BUILDS!r}\n" + COMPILE_SCRIPT],
                           env=env, capture_output=True, text=True, timeout=600, cwd=REPO)
     assert done.returncode == 0, f"child failed:\n{done.stdout}\n{done.stderr}"
     return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@needs_nvrtc
+def test_portable_kernels_compile_for_sm_90_through_hiprtc(nvrtc_builds):
+    """The portable kernel (schedule, paged rows, guard and in-kernel merge included) builds
+    for sm_90 exactly as the GPU run builds it."""
+    for factory, args in BUILDS:
+        if factory == "split_kernel":
+            symbol = kernels.split_kernel(*args).symbol
+            r = nvrtc_builds[symbol]
+            assert r["ok"], f"{symbol}:\n{r['log']}"
+            assert r["elf"] and r["has"], symbol
 
 
 @needs_nvrtc
