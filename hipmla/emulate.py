@@ -7,12 +7,14 @@ LSE merge the last item of a split sequence does, bf16 output rounded nearest-ev
 against it tightly. What it does not model is the order of f32 summation inside a dot
 product; scores are formed in f64 and rounded once to f32, the closest any order gets.
 
-Work items of whole fast tiles (a policy with ``fast_tile``) follow the fast kernel's
-schedule (:class:`FastSchedule`, one per arch in ``FAST_SCHEDULES``): on gfx950 and
-gfx942 alike each 128-token tile is cut in four 32-token quarters, quarter w to wave w;
-every wave keeps its own online softmax over its quarters (running max per quarter) and
-the four states are merged like the combine kernel merges partials, before the item
-writes its output or partial.
+Work items of the fast kernels follow their schedule (:class:`FastSchedule`, one per
+arch in ``FAST_SCHEDULES``): on gfx950 and gfx942 alike each 128-token tile is cut in four
+32-token quarters, quarter w to wave w; every wave keeps its own online softmax over its
+quarters (running max per quarter) and the four states are merged like the in-kernel
+merge merges partials, before the item writes its output or partial. The fast kernels
+mask a partial last tile (tokens past the item's end score -inf, so P = 0), so they take
+items of any length: with a policy's ``fast_tile`` the items of whole tiles go to the
+fast schedule, with ``emulate_decode(..., fast_any_length=True)`` every item does.
 """
 
 from __future__ import annotations
@@ -127,11 +129,17 @@ def emulate_fast_item(
     qf: np.ndarray, k: np.ndarray, scale_log2: np.float32, schedule: FastSchedule = GFX950_SCHEDULE,
     d_v: int = D_V,
 ) -> Partial:
-    """One fast-kernel item over ``k (n, 576)``, ``n`` a whole number of tiles: each
-    wave's quarters as their own online softmax, then the waves merged in order."""
+    """One fast-kernel item over ``k (n, 576)``, any ``n >= 0``: each wave's quarters as
+    their own online softmax, then the waves merged in order.
+
+    Wave w takes tokens ``t`` with ``(t % tile) // quarter == w``. Only the last tile may
+    be partial, so every quarter of a wave but its last is whole and a wave's tokens in
+    order are exactly the kernel's quarter steps: the running max moves per ``quarter``
+    tokens of the wave. The kernel's masked tokens (past ``n``: score -inf, P = 0, V of a
+    valid row) add exact zeros, so leaving them out is what it computes; a wave with no
+    token keeps m = -inf (the kernel's -FLT_MAX start gives the same weight 0 in the
+    merge), l = 0, acc = 0, and ``n = 0`` gives the empty state (output 0, LSE -inf)."""
     n = k.shape[0]
-    if n == 0 or n % schedule.tile_tokens:
-        raise ValueError(f"k: a fast item covers whole {schedule.tile_tokens}-token tiles, got {n} tokens")
     token = np.arange(n)
     wave_of = (token % schedule.tile_tokens) // schedule.quarter
     parts = [emulate_work_item(qf, k[wave_of == w], scale_log2, schedule.quarter, d_v)
@@ -172,13 +180,23 @@ def emulate_decode(
     seqs=None,
     tile_tokens: int = TILE_TOKENS,
     fast_schedule: FastSchedule = GFX950_SCHEDULE,
+    fast_any_length: bool = False,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Predicted device output ``(n, h, 512)`` bf16 and LSE ``(n, h)`` f32 for the
     sequences ``seqs`` (default all), the batch cut into items by ``policy`` as the device
     cuts it. ``layout`` is a :class:`~hipmla.paging.KvLayout` (or a host ``kv_indptr`` for
     contiguous rows). ``q_fp8_variant`` is the e4m3 flavour the target quantizes fp8 Q to
     (default: the cache's). Items of whole ``policy.fast_tile`` tiles follow
-    ``fast_schedule``; the rest the portable kernel's tiles."""
+    ``fast_schedule``; the rest the portable kernel's tiles. ``fast_any_length``: the
+    masked fast kernel takes every item, any length (a policy without ``fast_tile``, as
+    the decoder launches it on gfx950/gfx942), so every item follows ``fast_schedule``."""
+    if not isinstance(fast_any_length, (bool, np.bool_)):
+        raise TypeError(f"fast_any_length: expected a bool, got {type(fast_any_length).__name__}")
+    if fast_any_length and policy.fast_tile:
+        raise ValueError(
+            f"fast_any_length: the masked fast kernel takes every item, so the policy cuts no "
+            f"tail items (fast_tile must be 0, got {policy.fast_tile})"
+        )
     if policy.fast_tile and policy.fast_tile != fast_schedule.tile_tokens:
         raise ValueError(
             f"fast_schedule: the policy's fast items are {policy.fast_tile}-token tiles, "
@@ -200,7 +218,7 @@ def emulate_decode(
         for j in items.items_of(int(b)):
             t0, t1 = int(items.begin[j]), int(items.end[j])
             k = kv.dequantize(layout.rows(int(b), t0, t1))
-            if policy.fast_tile and t1 > t0 and (t1 - t0) % policy.fast_tile == 0:
+            if fast_any_length or (policy.fast_tile and t1 > t0 and (t1 - t0) % policy.fast_tile == 0):
                 parts.append(emulate_fast_item(qq[b], k, scale_log2, fast_schedule))
             else:
                 parts.append(emulate_work_item(qq[b], k, scale_log2, tile_tokens))

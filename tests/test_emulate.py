@@ -18,6 +18,7 @@ from hipmla.emulate import (
     emulate_decode,
     emulate_fast_item,
     emulate_work_item,
+    merge,
     quantize_q,
 )
 from hipmla.formats import quantize_kv
@@ -240,10 +241,177 @@ def test_fast_waves_see_interleaved_quarters():
     np.testing.assert_allclose(part.acc / part.l[:, None], want, rtol=0, atol=2e-2 * np.abs(want).max())
 
 
-def test_fast_item_takes_whole_tiles_only():
-    q = np.zeros((16, 576), np.float32)
-    with pytest.raises(ValueError, match="k: a fast item covers whole 128-token tiles, got 100"):
-        emulate_fast_item(q, np.zeros((100, 576), np.float32), np.float32(1))
+# --- masked partial tiles: the fast kernels take items of any length ------------------
+
+
+def _whole_tile_model(qf, k, c, sched):
+    """The fast model as it was before masked tails (whole tiles only), frozen here."""
+    n = k.shape[0]
+    assert n > 0 and n % sched.tile_tokens == 0
+    wave_of = (np.arange(n) % sched.tile_tokens) // sched.quarter
+    return merge([emulate_work_item(qf, k[wave_of == w], c, sched.quarter) for w in range(sched.waves)])
+
+
+def _kernel_walk(qf, k, c, sched):
+    """The masked kernels' loop, step by step (hip_src/decode/split_mfma_gfx9*.hip): every
+    wave walks ceil(n / tile) tiles; a token past the item's end reads the row of the
+    item's last token (arch/cdna.h quarter_rows) and scores -inf (masked_score); the
+    running max starts at -FLT_MAX (running_max_start); alpha rescales l and acc per
+    quarter; the waves merge by exp2(m_w - M) in wave order."""
+    n, heads = k.shape[0], qf.shape[0]
+    lowest = np.float32(-np.finfo(np.float32).max)
+    states = []
+    for w in range(sched.waves):
+        m = np.full(heads, lowest, np.float32)
+        l = np.zeros(heads, np.float32)
+        acc = np.zeros((heads, 512), np.float32)
+        for t0 in range(0, n, sched.tile_tokens):
+            tok = t0 + sched.quarter * w + np.arange(sched.quarter)
+            rows = k[np.minimum(tok, n - 1)]  # clamped: never a row outside the item
+            s = ((qf.astype(np.float64) @ rows.T.astype(np.float64)).astype(np.float32) * c).astype(np.float32)
+            s = np.where(tok < n, s, np.float32(-np.inf))
+            m_new = np.maximum(m, s.max(axis=1))
+            alpha = np.exp2(m - m_new).astype(np.float32)
+            pr = np.exp2(s - m_new[:, None]).astype(ml_dtypes.bfloat16).astype(np.float32)
+            assert (pr[:, tok >= n] == 0).all()  # masked tokens add exact zeros
+            l = (l * alpha + pr.sum(axis=1, dtype=np.float32)).astype(np.float32)
+            acc = (acc * alpha[:, None] + pr @ rows[:, :512]).astype(np.float32)
+            m = m_new
+        states.append((m, l, acc))
+    big_m = np.max([st[0] for st in states], axis=0)
+    big_l = np.zeros(heads, np.float32)
+    big_acc = np.zeros((heads, 512), np.float32)
+    for m, l, acc in states:
+        wt = np.exp2(m - big_m).astype(np.float32)
+        big_l = (big_l + wt * l).astype(np.float32)
+        big_acc = (big_acc + wt[:, None] * acc).astype(np.float32)
+    return big_m, big_l, big_acc
+
+
+@pytest.mark.parametrize("n", [128, 256, 640])
+def test_masked_fast_model_equals_the_whole_tile_model(n):
+    """(a) Whole tiles: the any-length model is the whole-tile model, bit for bit."""
+    rng = np.random.default_rng(n)
+    q = rng.standard_normal((16, 576)).astype(np.float32)
+    k = rng.standard_normal((n, 576)).astype(np.float32)
+    c = np.float32(1 / 24 * 1.4426950408889634)
+    for sched in (GFX950_SCHEDULE, GFX942_SCHEDULE):
+        got, want = emulate_fast_item(q, k, c, sched), _whole_tile_model(q, k, c, sched)
+        for a, b in ((got.acc, want.acc), (got.m, want.m), (got.l, want.l)):
+            np.testing.assert_array_equal(a, b)
+
+
+def test_any_length_routing_equals_whole_tile_routing_on_whole_tiles():
+    """(a) A batch of whole tiles (and an empty sequence): routing every item to the fast
+    schedule (fast_tile 0, as the decoder launches the masked kernels) gives the bits of
+    the fast_tile = 128 plan, whose items are the same."""
+    lens = [128, 0, 1024, 256, 4096]
+    inp = make_inputs(lens, "mxfp4", seed=31)
+    for cus in (1, 64):
+        whole = SplitPolicy.for_device(cus, fast_tile=128)
+        anyl = SplitPolicy.for_device(cus)
+        a = schedule(lens, whole)
+        b = schedule(lens, anyl)
+        np.testing.assert_array_equal(a.begin, b.begin)
+        np.testing.assert_array_equal(a.end, b.end)
+        x = emulate_decode(inp.q, inp.kv, inp.layout, inp.sm_scale, whole, q_precision="fp8")
+        y = emulate_decode(inp.q, inp.kv, inp.layout, inp.sm_scale, anyl, q_precision="fp8", fast_any_length=True)
+        np.testing.assert_array_equal(x[0].view(np.uint16), y[0].view(np.uint16))
+        np.testing.assert_array_equal(x[1], y[1])
+
+
+PARTIAL_LENS = [1, 31, 32, 33, 127, 129, 300]
+
+
+@pytest.mark.parametrize("n", PARTIAL_LENS)
+def test_masked_fast_item_is_exact_attention_within_bf16(n):
+    """(b) Partial tiles: m is the exact max, l the dense f64 softmax sum within the bf16
+    rounding of P (each p_j within 2^-9 relative), acc / l the exact attention within
+    that; and the model is what the masked kernel loop computes (_kernel_walk: clamped
+    rows, -inf scores, -FLT_MAX start), m bit for bit."""
+    rng = np.random.default_rng(100 + n)
+    q = rng.standard_normal((16, 576)).astype(np.float32).astype(ml_dtypes.bfloat16).astype(np.float32)
+    k = rng.standard_normal((n, 576)).astype(np.float32).astype(ml_dtypes.bfloat16).astype(np.float32)
+    c = np.float32(np.float32(1 / 24) * np.float32(1.4426950408889634))
+    for sched in (GFX950_SCHEDULE, GFX942_SCHEDULE):
+        part = emulate_fast_item(q, k, c, sched)
+        s = (q.astype(np.float64) @ k.T.astype(np.float64)) * float(c)
+        m = s.max(axis=1)
+        pexact = np.exp2(s - m[:, None])
+        np.testing.assert_allclose(part.m, m, rtol=1e-6, atol=1e-6)
+        np.testing.assert_allclose(part.l, pexact.sum(axis=1), rtol=2 ** -9, atol=0)
+        want = (pexact @ k[:, :512].astype(np.float64)) / pexact.sum(axis=1, keepdims=True)
+        got = part.acc.astype(np.float64) / part.l[:, None]
+        assert np.abs(got - want).max() <= 2 ** -8 * np.abs(want).max()
+        wm, wl, wacc = _kernel_walk(q, k, c, sched)
+        np.testing.assert_array_equal(part.m, wm)
+        np.testing.assert_allclose(part.l, wl, rtol=1e-6)
+        np.testing.assert_allclose(part.acc, wacc, rtol=1e-5, atol=1e-5 * np.abs(wacc).max())
+
+
+def test_masked_fast_decode_of_partial_tiles_against_exact_attention():
+    """(b) Whole decodes of partial-tile sequences on the masked fast path (bf16 Q and
+    cache: the gfx942 kernel's numerics): bf16 outputs within bf16 rounding of exact
+    attention (mla_decode_reference), LSE within 2e-3, the same lengths split or not."""
+    inp = make_inputs(PARTIAL_LENS + [0], "bf16", seed=32)
+    ref_out, ref_lse = mla_decode_reference(inp.q, inp.kv, inp.kv_indptr, inp.sm_scale)
+    for policy in (SplitPolicy.for_device(1), SplitPolicy(target_items=64, min_split_tokens=128)):
+        out, lse = emulate_decode(inp.q, inp.kv, inp.layout, inp.sm_scale, policy,
+                                  fast_schedule=GFX942_SCHEDULE, fast_any_length=True)
+        o = out.astype(np.float32)
+        for i in range(len(PARTIAL_LENS)):
+            scale = np.abs(ref_out[i]).max()
+            assert np.abs(o[i] - ref_out[i]).max() <= 2 ** -7 * scale, (PARTIAL_LENS[i], policy)
+        np.testing.assert_allclose(lse[:-1], ref_lse[:-1], rtol=0, atol=2e-3)  # measured 8.6e-4
+        assert not o[-1].any() and np.isneginf(lse[-1]).all()
+
+
+def test_masked_fast_empty_item():
+    """(c) An empty item: acc 0, l 0, m -inf, so output 0 and LSE -inf."""
+    q = np.ones((16, 576), np.float32)
+    for sched in (GFX950_SCHEDULE, GFX942_SCHEDULE):
+        part = emulate_fast_item(q, np.zeros((0, 576), np.float32), np.float32(1), sched)
+        assert not part.acc.any() and not part.l.any() and np.isneginf(part.m).all()
+    inp = make_inputs([0, 5, 0], "mxfp4", seed=33, heads=16)
+    out, lse = emulate_decode(inp.q, inp.kv, inp.layout, inp.sm_scale, SplitPolicy.for_device(4),
+                              q_precision="fp8", fast_any_length=True)
+    assert not out[[0, 2]].astype(np.float32).any() and np.isneginf(lse[[0, 2]]).all()
+    assert np.isfinite(lse[1]).all()
+
+
+@pytest.mark.parametrize("arch, kv_format, q_precision", [
+    ("gfx950", "mxfp4", "fp8"), ("gfx950", "mxfp4", "mxfp4"),
+    ("gfx942", "bf16", "bf16"), ("gfx942", "fp8", "bf16"), ("gfx942", "mxfp4", "bf16"),
+])
+def test_masked_fast_plan_matches_the_two_kernel_plan(arch, kv_format, q_precision):
+    """Ragged lengths with tails: every item on the masked fast kernel (fast_tile 0) is as
+    close to exact attention as the fast + portable plan, and close to it (the tails'
+    running max moves per 32 tokens of a wave instead of per 64)."""
+    variant = "e4m3fnuz" if arch == "gfx942" else "e4m3fn"
+    inp = make_inputs(FAST_LENS, kv_format, seed=6, fp8_variant=variant)
+    ref_out, _ = mla_decode_reference(inp.q, inp.kv, inp.kv_indptr, inp.sm_scale)
+    live = np.flatnonzero(inp.seq_lens > 0)
+    sched = FAST_SCHEDULES[arch]
+    two = emulate_decode(inp.q, inp.kv, inp.layout, inp.sm_scale, SplitPolicy.for_device(64, fast_tile=128),
+                         q_precision=q_precision, fast_schedule=sched)
+    one = emulate_decode(inp.q, inp.kv, inp.layout, inp.sm_scale, SplitPolicy.for_device(64),
+                         q_precision=q_precision, fast_schedule=sched, fast_any_length=True)
+    e_two = rel_l2(two[0][live].astype(np.float32), ref_out[live])
+    e_one = rel_l2(one[0][live].astype(np.float32), ref_out[live])
+    assert e_one < 1.1 * e_two + 1e-4, (e_one, e_two)
+    f_one, f_two = one[0].astype(np.float32), two[0].astype(np.float32)
+    assert np.abs(f_one - f_two).max() <= 2 ** -6 * np.abs(f_two).max()
+    np.testing.assert_allclose(one[1], two[1], rtol=0, atol=2e-3)
+    assert np.isneginf(one[1][2]).all() and not f_one[2].any()
+
+
+def test_fast_any_length_needs_a_policy_without_tail_items(fast_case):
+    inp, _ = fast_case
+    with pytest.raises(ValueError, match="fast_any_length: .*fast_tile must be 0, got 128"):
+        emulate_decode(inp.q, inp.kv, inp.layout, inp.sm_scale, SplitPolicy.for_device(8, fast_tile=128),
+                       fast_any_length=True)
+    with pytest.raises(TypeError, match="fast_any_length: expected a bool"):
+        emulate_decode(inp.q, inp.kv, inp.layout, inp.sm_scale, SplitPolicy.for_device(8), fast_any_length=1)
 
 
 def test_schedule_must_match_the_policy(fast_case):

@@ -55,10 +55,36 @@ struct QuarterRows {
     HIPMLA_DEVICE long long at(int r) const { return (long long)lane_read(mine, r); }
 };
 
-// The rows of the quarter whose first token is `token0` (every token of it must exist).
-HIPMLA_DEVICE QuarterRows quarter_rows(const KvRows& kv, int token0) {
-    return QuarterRows{unsigned(kv.row(token0 + lane_id() % QUARTER_ROWS))};
+// The rows of the quarter whose first token is `token0`, for an item whose last token is
+// `last` (>= 0, sequence-relative): a token past `last` (a partial last tile, or a quarter
+// wholly past the item's end) takes the row of `last` instead, so no lane reads a page id
+// or a row outside the item (past the cache, or another sequence's page). The kernels
+// give such tokens score -inf (masked_score), so P = 0 for them, and the clamped row is
+// one of the item's own, finite wherever the item's data is finite: P.V adds exactly 0.
+// One v_min per quarter.
+HIPMLA_DEVICE QuarterRows quarter_rows(const KvRows& kv, int token0, int last) {
+    const int t = token0 + lane_id() % QUARTER_ROWS;
+    return QuarterRows{unsigned(kv.row(t < last ? t : last))};
 }
+
+// The score of a token of a quarter: `score` if the token's index in the quarter,
+// `base + offset` (base per lane, offset a constant of the unrolled loop), is below `valid`
+// (the quarter's tokens before the item's end: wave-uniform, any value, <= 0 for a
+// quarter past the end), else -inf. One compare and one select per score; written as
+// base < valid - offset so the subtraction stays scalar.
+HIPMLA_DEVICE float masked_score(float score, int base, int offset, int valid) {
+    return base < valid - offset ? score : f32_from_bits(0xff800000u);
+}
+
+// The running max of a wave starts here, not at -inf: the lowest finite f32. With masked
+// scores -inf, a wave whose quarters hold no valid token yet (a partial last tile can give
+// a wave none at all) would otherwise compute exp2(-inf - -inf) = NaN for alpha and P;
+// from -FLT_MAX, exp2(-inf - m) = 0 for every masked token and exp2(-FLT_MAX - m) = 0 for
+// alpha on the first real tile (m - -FLT_MAX is 0 or >= 2^104: exp2 gives 1 or 0), so the
+// numbers are those of a max starting at -inf. An empty wave ends with m = -FLT_MAX, l = 0
+// and acc = 0, which the wave merge weights by exp2(-FLT_MAX - M) = 0 (or 1 when every
+// wave is empty: l = 0, acc = 0 still, and the kernel writes the empty item's 0 / -inf).
+HIPMLA_DEVICE float running_max_start() { return f32_from_bits(0xff7fffffu); }
 
 // Max / sum over the four lane groups (lanes l, l ^ 16, l ^ 32, l ^ 48).
 HIPMLA_DEVICE float max_over_rowgroups(float x) {

@@ -258,12 +258,14 @@ HIPMLA_KERNEL(hipmla::fast942::THREADS) void HIPMLA_FAST_NAME(const MlaDecodePar
     Merge& sm = smem.merge;
 
     const WorkItem it = schedule_item<THREADS>(p, int(block_index()), smem.sched);
-    const int n_tokens = it.end - it.begin;
-    // Only the items split.hip skips: valid items of whole p.fast_tile tiles (the decoder
-    // sets p.fast_tile = TILE).
-    if (it.seq < 0 || p.fast_tile <= 0 || n_tokens <= 0 || n_tokens % p.fast_tile != 0 || n_tokens % TILE != 0) return;
+    // p.fast_tile = 0: every item (any length, empty and bad ones too). p.fast_tile > 0:
+    // only the items split.hip skips (valid, whole fast tiles), as before masked tails.
+    if (it.seq < 0 || (p.fast_tile > 0 && !it.fast)) return;
+    // An item with invalid device-side input reads no KV and writes NaN (below).
+    const int n_tokens = it.bad ? 0 : it.end - it.begin;
     const int seq = it.seq;
-    const int n_tiles = n_tokens / TILE;
+    const int n_tiles = (n_tokens + TILE - 1) / TILE;  // the last one may be partial
+    const int last = it.begin + n_tokens - 1;          // the item's last token (n_tokens > 0)
     const int slot = it.n_items > 1 ? it.slot : -1;
     const int w = wave_id();
     const int lane = lane_id();
@@ -277,8 +279,7 @@ HIPMLA_KERNEL(hipmla::fast942::THREADS) void HIPMLA_FAST_NAME(const MlaDecodePar
 
     const QOperand q = load_q_operand(p, seq);
 
-    const float neg_inf = f32_from_bits(0xff800000u);
-    float m_run = neg_inf;  // head h, log2 units; equal in the 4 lane groups
+    float m_run = running_max_start();  // head h, log2 units; equal in the 4 lane groups
     float l_lane = 0.0f;    // head h, this lane's tokens
     f32x4 acc[V_TILES];
 #pragma unroll
@@ -288,15 +289,22 @@ HIPMLA_KERNEL(hipmla::fast942::THREADS) void HIPMLA_FAST_NAME(const MlaDecodePar
         // The quarter's rows, read where nothing else is in flight: row() uses the page id
         // as soon as it has read it, so a read a tile ahead would only move the wait (and
         // the loop-carried copy costs registers that fp8 does not have below 256).
-        const QuarterRows rows = quarter_rows(kv, quarter_begin + TILE * tile);
+        // Rows past the item's end are clamped to its last token (a partial last tile).
+        const QuarterRows rows = quarter_rows(kv, quarter_begin + TILE * tile, last);
+        // Tokens of this quarter before the item's end (wave-uniform; >= 32 but on the last
+        // tile): the others get -inf, so P = 0 for them.
+        const int valid = it.begin + n_tokens - (quarter_begin + TILE * tile);
+        // Score (s, i) of this lane is token 16 s + 4 g + i of its quarter (D row 4 g + i);
+        // g from the opaque lane id, made here rather than held across the loop.
+        const int token_base = K_PER_LANE * (lane_id_fresh() / MFMA_N);
         f32x4 score[GROUPS];
-        float tile_max = neg_inf;
+        float tile_max = running_max_start();
 #pragma unroll
         for (int s = 0; s < GROUPS; ++s) {
             score[s] = group_scores(p, rows, s, q);
 #pragma unroll
             for (int i = 0; i < 4; ++i) {
-                score[s][i] *= score_scale;
+                score[s][i] = masked_score(score[s][i] * score_scale, token_base, MFMA_N * s + i, valid);
                 tile_max = __builtin_fmaxf(tile_max, score[s][i]);
             }
         }
@@ -337,13 +345,22 @@ HIPMLA_KERNEL(hipmla::fast942::THREADS) void HIPMLA_FAST_NAME(const MlaDecodePar
     float big_l = 0.0f;
 #pragma unroll
     for (int k = 0; k < WAVES; ++k) big_l += exp2_f32(sm.m[k][h] - big_m) * sm.l[k][h];
-    const float weight = exp2_f32(m_run - big_m) * value_scale;
+    float weight = exp2_f32(m_run - big_m) * value_scale;
+    if (it.bad) {  // NaN partial or output: the merge turns it into NaN for the sequence
+        const float nan = f32_from_bits(0x7fc00000u);
+        big_m = nan;
+        big_l = nan;
+        weight = nan;  // every accumulator cell becomes NaN
+    }
+    // An empty item (an empty sequence: one item, slot < 0) has big_l = 0 and acc = 0:
+    // dividing by 1 gives its output 0, and big_m + log2(0) its LSE -inf. NaN stays NaN.
+    const float denom = big_l <= 0.0f ? 1.0f : big_l;
 
     if (slot >= 0 && lane < HEADS && w == 0) {
         p.part_ml[(slot * HEADS + h) * 2] = big_m;
         p.part_ml[(slot * HEADS + h) * 2 + 1] = big_l;
     } else if (slot < 0 && lane < HEADS && w == 0 && p.lse != nullptr) {
-        p.lse[seq * HEADS + h] = (big_m + log2_f32(big_l)) * 0.6931471805599453f;
+        p.lse[seq * HEADS + h] = big_l <= 0.0f ? f32_from_bits(0xff800000u) : (big_m + log2_f32(big_l)) * 0.6931471805599453f;
     }
 #pragma unroll
     for (int round = 0; round < MERGE_ROUNDS; ++round) {
@@ -373,12 +390,15 @@ HIPMLA_KERNEL(hipmla::fast942::THREADS) void HIPMLA_FAST_NAME(const MlaDecodePar
                     *reinterpret_cast<f32x2*>(p.part_acc + ((long long)slot * HEADS + h) * D_V + col) = f32x2{v0, v1};
                 } else {
                     *reinterpret_cast<unsigned*>(static_cast<unsigned short*>(p.out) + ((long long)seq * HEADS + h) * D_V + col) =
-                        pack_bf16x2(v0 / big_l, v1 / big_l);
+                        pack_bf16x2(v0 / denom, v1 / denom);
                 }
             }
         }
         block_sync();  // the buffer is free for the next round
     }
+    // A bad item's error bits: here, where nothing else is live (at the top of the kernel
+    // the atomic's registers would stay allocated next to the accumulators).
+    report_bad_item(p, it);
     // A split sequence: the last of its items to finish (this kernel's or split.hip's)
     // merges the slots.
     if (slot >= 0 && arrive_last(p, it, &smem.last)) merge_partials<THREADS>(p, it);

@@ -330,12 +330,14 @@ HIPMLA_KERNEL(hipmla::fast950::THREADS) void HIPMLA_FAST_NAME(const MlaDecodePar
     __attribute__((shared)) Smem sm;
 
     const WorkItem it = schedule_item<THREADS>(p, int(block_index()), sm.start.sched);
-    const int n_tokens = it.end - it.begin;
-    // Only the items split.hip skips: valid items of whole p.fast_tile tiles (the decoder
-    // sets p.fast_tile = TILE).
-    if (it.seq < 0 || !it.fast) return;
+    // p.fast_tile = 0: every item (any length, empty and bad ones too). p.fast_tile > 0:
+    // only the items split.hip skips (valid, whole fast tiles), as before masked tails.
+    if (it.seq < 0 || (p.fast_tile > 0 && !it.fast)) return;
+    // An item with invalid device-side input reads no KV and writes NaN (below).
+    const int n_tokens = it.bad ? 0 : it.end - it.begin;
     const int seq = it.seq;
-    const int n_tiles = n_tokens / TILE;
+    const int n_tiles = (n_tokens + TILE - 1) / TILE;  // the last one may be partial
+    const int last = it.begin + n_tokens - 1;          // the item's last token (n_tokens > 0)
     const int slot = it.n_items > 1 ? it.slot : -1;
     const int w = wave_id();
     const int lane = lane_id();
@@ -344,7 +346,8 @@ HIPMLA_KERNEL(hipmla::fast950::THREADS) void HIPMLA_FAST_NAME(const MlaDecodePar
     const KvRows kv = kv_rows(p, seq);
     const int quarter_begin = it.begin + QUARTER * w;  // this wave's first token of tile 0
 
-    LaneScales scales = fetch_quarter(sm.start.first[w], p, quarter_rows(kv, quarter_begin));
+    LaneScales scales = {};
+    if (n_tiles > 0) scales = fetch_quarter(sm.start.first[w], p, quarter_rows(kv, quarter_begin, last));
     stage_q(sm.start.q, p, seq);
     block_sync();
     const QOperand q = load_q_operand(sm.start.q);
@@ -352,11 +355,15 @@ HIPMLA_KERNEL(hipmla::fast950::THREADS) void HIPMLA_FAST_NAME(const MlaDecodePar
     // The rows of a quarter are read a tile before its copy (the last tile reads its own
     // again: no token past the item), always just before the wait for the copies in
     // flight: row() uses a page id as soon as it has read it, so reading it anywhere else
-    // would wait for those copies early.
-    QuarterRows next_rows = quarter_rows(kv, quarter_begin + (n_tiles > 1 ? TILE : 0));
+    // would wait for those copies early. Rows past the item's end are clamped to its last
+    // token (quarter_rows), so a partial tile copies only the item's own rows.
+    QuarterRows next_rows = {0u};
+    if (n_tiles > 0) next_rows = quarter_rows(kv, quarter_begin + (n_tiles > 1 ? TILE : 0), last);
+    // Score (i, j) of this lane is token score_token(i, 4 g + j) = 16 i + 4 j + token_base
+    // of its quarter; masked_score compares token_base with the quarter's valid count.
+    const int token_base = ((g & 1) << 1) + (g >> 1);
 
-    const float neg_inf = f32_from_bits(0xff800000u);
-    float m_run = neg_inf;  // head h, log2 units; equal in the 4 lane groups
+    float m_run = running_max_start();  // head h, log2 units; equal in the 4 lane groups
     float l_lane = 0.0f;    // head h, this lane's tokens
     f32x4 acc[V_GROUPS][V_TILES];
 #pragma unroll
@@ -373,12 +380,15 @@ HIPMLA_KERNEL(hipmla::fast950::THREADS) void HIPMLA_FAST_NAME(const MlaDecodePar
 
         f32x4 score[GROUPS];
         quarter_scores(cur, q, score);
-        float tile_max = neg_inf;
+        // Tokens of this quarter before the item's end (wave-uniform; >= 32 but on the last
+        // tile): the others get -inf, so P = 0 for them.
+        const int valid = it.begin + n_tokens - (quarter_begin + TILE * tile);
+        float tile_max = running_max_start();
 #pragma unroll
         for (int i = 0; i < GROUPS; ++i) {
 #pragma unroll
             for (int j = 0; j < 4; ++j) {
-                score[i][j] *= p.sm_scale_log2;
+                score[i][j] = masked_score(score[i][j] * p.sm_scale_log2, token_base, MFMA_N * i + 4 * j, valid);
                 tile_max = __builtin_fmaxf(tile_max, score[i][j]);
             }
         }
@@ -401,7 +411,7 @@ HIPMLA_KERNEL(hipmla::fast950::THREADS) void HIPMLA_FAST_NAME(const MlaDecodePar
             for (int n = 0; n < V_TILES; ++n) acc[vg][n] *= alpha;
         }
         quarter_pv(cur, u32x4{pt_words[0], pt_words[1], pt_words[2], pt_words[3]}, acc);
-        next_rows = quarter_rows(kv, quarter_begin + TILE * (tile + 2 < n_tiles ? tile + 2 : tile));
+        next_rows = quarter_rows(kv, quarter_begin + TILE * (tile + 2 < n_tiles ? tile + 2 : tile), last);
     }
 
     // Merge the four waves: M = max m_w, weights exp2(m_w - M), L = sum in wave order,
@@ -419,7 +429,16 @@ HIPMLA_KERNEL(hipmla::fast950::THREADS) void HIPMLA_FAST_NAME(const MlaDecodePar
     float big_l = 0.0f;
 #pragma unroll
     for (int k = 0; k < WAVES; ++k) big_l += exp2_f32(sm.merge.m[k][h] - big_m) * sm.merge.l[k][h];
-    const float weight = exp2_f32(m_run - big_m);
+    float weight = exp2_f32(m_run - big_m);
+    if (it.bad) {  // NaN partial or output: the merge turns it into NaN for the sequence
+        const float nan = f32_from_bits(0x7fc00000u);
+        big_m = nan;
+        big_l = nan;
+        weight = nan;  // every accumulator cell becomes NaN
+    }
+    // An empty item (an empty sequence: one item, slot < 0) has big_l = 0 and acc = 0:
+    // dividing by 1 gives its output 0, and big_m + log2(0) its LSE -inf. NaN stays NaN.
+    const float denom = big_l <= 0.0f ? 1.0f : big_l;
     for (int k = 0; k < WAVES; ++k) {
         if (k == w) {
 #pragma unroll
@@ -443,7 +462,7 @@ HIPMLA_KERNEL(hipmla::fast950::THREADS) void HIPMLA_FAST_NAME(const MlaDecodePar
         p.part_ml[(slot * HEADS + h) * 2] = big_m;
         p.part_ml[(slot * HEADS + h) * 2 + 1] = big_l;
     } else if (slot < 0 && lane < HEADS && p.lse != nullptr) {
-        p.lse[seq * HEADS + h] = (big_m + log2_f32(big_l)) * 0.6931471805599453f;
+        p.lse[seq * HEADS + h] = big_l <= 0.0f ? f32_from_bits(0xff800000u) : (big_m + log2_f32(big_l)) * 0.6931471805599453f;
     }
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
@@ -457,10 +476,13 @@ HIPMLA_KERNEL(hipmla::fast950::THREADS) void HIPMLA_FAST_NAME(const MlaDecodePar
             dst[1] = f32x4{v[4], v[5], v[6], v[7]};
         } else {
             u32x4* dst = reinterpret_cast<u32x4*>(static_cast<unsigned short*>(p.out) + ((long long)seq * HEADS + h) * D_V + col);
-            *dst = u32x4{pack_bf16x2(v[0] / big_l, v[1] / big_l), pack_bf16x2(v[2] / big_l, v[3] / big_l),
-                         pack_bf16x2(v[4] / big_l, v[5] / big_l), pack_bf16x2(v[6] / big_l, v[7] / big_l)};
+            *dst = u32x4{pack_bf16x2(v[0] / denom, v[1] / denom), pack_bf16x2(v[2] / denom, v[3] / denom),
+                         pack_bf16x2(v[4] / denom, v[5] / denom), pack_bf16x2(v[6] / denom, v[7] / denom)};
         }
     }
+    // A bad item's error bits: here, where nothing else is live (at the top of the kernel
+    // the atomic's registers would stay allocated next to the accumulators).
+    report_bad_item(p, it);
     // A split sequence: the last of its items to finish (this kernel's or split.hip's)
     // merges the slots.
     if (slot >= 0 && arrive_last(p, it, &sm.merge.last)) merge_partials<THREADS>(p, it);
