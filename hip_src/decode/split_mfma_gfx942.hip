@@ -1,11 +1,15 @@
-// gfx942 fast split kernel: bf16 Q, bf16 / fp8 (e4m3fnuz) / MXFP4 KV, whole 128-token
-// tiles only; Q.K and P.V both run on the bf16 MFMA, KV is turned into bf16 in registers.
-// Launched with the same grid as decode/split.hip: block i derives work item i from the
-// batch (core/schedule.h) and runs it only when it is whole p.fast_tile tiles (the items
-// split.hip skips), otherwise returns. It writes what a portable item writes: bf16
-// output + natural-log LSE for a sequence of one item, else its partial slot, after
-// which the last item of the sequence to finish (whichever kernel ran it) merges the
-// slots (core/merge.h).
+// gfx942 fast split kernel: bf16 Q, bf16 / fp8 (e4m3fnuz) / MXFP4 KV, items of any
+// length (a masked partial last tile); Q.K and P.V both run on the bf16 MFMA, KV is
+// turned into bf16 in registers. Launched with the same grid as decode/split.hip: block
+// i derives work item i from the batch (core/schedule.h). With p.fast_tile = 0 it runs
+// every item, empty and bad ones included (the decoder then launches no portable kernel
+// for this variant); with p.fast_tile > 0 only the items split.hip skips (it.fast: whole
+// tiles), otherwise it returns. It writes what a portable item writes: bf16 output +
+// natural-log LSE for a sequence of one item, else its partial slot, after which the
+// last item of the sequence to finish (whichever kernel ran it) merges the slots
+// (core/merge.h). An empty item (only ever a whole empty sequence) writes 0 and LSE
+// -inf; a bad item (it.bad) sets the error word, reads no KV and writes NaN (output, or
+// partial: m, l and acc NaN), as split.hip does.
 // Numerics: those of hip_src/KERNELS.md for Q precision bf16, walked in the same
 // schedule as the gfx950 fast kernel (hipmla.emulate.GFX942_SCHEDULE, "Fast paths" in
 // hip_src/KERNELS.md).
@@ -20,8 +24,8 @@
 // both exact in bf16, so dequantizing to bf16 loses nothing; the fp8 tensor scale stays
 // out of the products and multiplies the score and the accumulator, as in split.hip.
 //
-// Block = 4 waves. Each 128-token tile is cut in four 32-token quarters, quarter w to
-// wave w (two 16-token MFMA groups), as on gfx950. A wave keeps its own online softmax for
+// Block = 4 waves. An item of n tokens is ceil(n / 128) tiles; each tile is cut in four
+// 32-token quarters, quarter w to wave w (two 16-token MFMA groups), as on gfx950. A wave keeps its own online softmax for
 // all 16 heads (running max per quarter) and a 16 x 512 f32 accumulator; the waves meet
 // only to merge their states at the end, in wave order, through LDS.
 //
@@ -35,6 +39,18 @@
 // start of a tile each wave reads its quarter's 32 rows, one per lane (arch/cdna.h
 // QuarterRows: one page-table read per lane), and a lane takes the row of each token it
 // loads from there (ds_bpermute): one row per Q.K group, four per P.V group.
+//
+// Masked tail (arch/cdna.h): only the last tile may be partial. A token t of a quarter
+// with t >= valid (valid = the quarter's tokens before the item's end, wave-uniform, <= 0
+// for a quarter wholly past it) is loaded from the row of the item's last token
+// (quarter_rows clamps the row index: one v_min per quarter, so no load leaves the item,
+// the cache or the sequence's pages) and gets score -inf (masked_score: one compare and
+// one select per score, 8 per lane and tile; the lane's token base 4 g comes from the
+// opaque lane id inside the loop, which keeps fp8 at 2 waves per SIMD), so P = 0 exactly
+// and its finite V adds exact zeros. The running max starts at -FLT_MAX
+// (running_max_start): a wave with no valid token yet keeps alpha = 1 and P = 0, and an
+// empty wave merges with weight 0. report_bad_item sits at the very end: its atomic at the
+// top cost 5 VGPRs here.
 //
 // Lane roles (arch/gfx942.h): Q.K is computed transposed, S^T = K Q^T (A = K rows, B =
 // Q), so a lane ends with the scores of ONE head (lane_col) for tokens 4g..4g+3 of each
@@ -100,6 +116,8 @@ static_assert(D_QK % CHUNK == 0, "Q.K chunks tile the row");
 static_assert(LANE_CHUNK % MX_BLOCK == 0 || MX_BLOCK % LANE_CHUNK == 0, "a lane's chunk sits in one MX block");
 static_assert(V_TILES == 32 && V_TILES % MERGE_TILES == 0, "32 accumulator tiles, merged in whole rounds");
 static_assert(TILES_PER_WAVE % 2 == 0 && ELEMS_PER_DWORD % 2 == 0, "outputs are written in column pairs");
+static_assert(GROUPS * MFMA_N == QUARTER && K_PER_LANE * LANE_GROUPS == MFMA_N && TILE == WAVES * QUARTER,
+              "masking: score (s, i) is token 16 s + 4 g + i of the quarter");
 
 struct Merge {
     float m[WAVES][HEADS];

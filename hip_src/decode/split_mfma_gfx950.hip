@@ -1,10 +1,14 @@
-// gfx950 fast split kernel: MXFP4 KV, whole 128-token tiles only, Q.K on the scaled MFMA,
-// P.V on the bf16 MFMA. Launched with the same grid as decode/split.hip: block i derives
-// work item i from the batch (core/schedule.h) and runs it only when it is whole
-// p.fast_tile tiles (the items split.hip skips), otherwise returns. It writes what a
-// portable item writes: bf16 output + natural-log LSE for a sequence of one item, else
-// its partial slot, after which the last item of the sequence to finish (whichever kernel
-// ran it) merges the slots (core/merge.h).
+// gfx950 fast split kernel: MXFP4 KV, items of any length (a masked partial last tile),
+// Q.K on the scaled MFMA, P.V on the bf16 MFMA. Launched with the same grid as
+// decode/split.hip: block i derives work item i from the batch (core/schedule.h). With
+// p.fast_tile = 0 it runs every item, empty and bad ones included (the decoder then
+// launches no portable kernel for this variant); with p.fast_tile > 0 only the items
+// split.hip skips (it.fast: whole tiles), otherwise it returns. It writes what a portable
+// item writes: bf16 output + natural-log LSE for a sequence of one item, else its partial
+// slot, after which the last item of the sequence to finish (whichever kernel ran it)
+// merges the slots (core/merge.h). An empty item (only ever a whole empty sequence)
+// writes 0 and LSE -inf; a bad item (it.bad) sets the error word, reads no KV and writes
+// NaN (output, or partial: m, l and acc NaN), as split.hip does.
 // Numerics: those of hip_src/KERNELS.md for Q precision fp8 / mxfp4, walked in the
 // schedule below; hipmla.emulate.emulate_fast_item models it ("Fast paths" in
 // hip_src/KERNELS.md).
@@ -14,8 +18,8 @@
 //   HIPMLA_Q_PRECISION  1 (Q as MXFP8 e4m3, fp8 x fp4 MFMA) or 2 (Q as MXFP4, fp4 x fp4)
 //   HIPMLA_FP8_FNUZ     0 (gfx950 fp8 is e4m3fn)
 //
-// Block = 4 waves. Each 128-token tile is cut in four 32-token quarters, quarter w to
-// wave w, so every wave has work for any whole number of tiles. A wave owns two LDS
+// Block = 4 waves. An item of n tokens is ceil(n / 128) tiles; each tile is cut in four
+// 32-token quarters, quarter w to wave w. A wave owns two LDS
 // buffers for its quarters (filled by asynchronous global -> LDS copies one tile ahead),
 // its own online-softmax state for all 16 heads and a 16 x 512 f32 accumulator; the
 // waves meet only to quantize Q at the start and to merge their states at the end.
@@ -30,6 +34,17 @@
 // 9 (l % 2).. of token l / 2's scale row, held packed in registers until they go to LDS.
 // LDS: two buffers per wave (78,848 B); the schedule's scan and Q stage in the second
 // buffers before the first prefetch, the wave merge reuses all of it at the end.
+//
+// Masked tail (arch/cdna.h): only the last tile may be partial. A token t of a quarter
+// with t >= valid (valid = the quarter's tokens before the item's end, wave-uniform, <= 0
+// for a quarter wholly past it) is copied from the row of the item's last token
+// (quarter_rows clamps the row index: one v_min per quarter, so no copy leaves the item,
+// the cache or the sequence's pages) and gets score -inf (masked_score: one compare and
+// one select per score, 8 per lane and tile), so P = bf16(exp2(-inf - m)) = 0 exactly and
+// its finite V adds exact zeros. The running max starts at -FLT_MAX (running_max_start),
+// so a wave with no valid token yet keeps alpha = 1 and P = 0 instead of exp2(-inf - -inf)
+// = NaN, and an empty wave merges with weight exp2(-FLT_MAX - M) = 0. An item of a few
+// tokens still costs a whole tile (4 x 9 KiB of copies, mostly the same row from L2).
 //
 // Per quarter, in wave64 lane roles (arch/gfx950.h): Q.K is computed transposed,
 // S^T = K Q^T (A = K rows, B = Q), so each lane ends with scores of ONE head
@@ -92,6 +107,8 @@ static_assert(QUARTER == BF16_K, "one bf16 MFMA k-step per quarter");
 static_assert(QUARTER * SCALES == SCALE_BYTES_PER_LANE * WAVE && SCALE_BYTES_PER_LANE == 9,
               "scales: 9 bytes per lane (LaneScales)");
 static_assert(D_V == V_GROUPS * MFMA_N * 8, "V groups tile the value width");
+static_assert(GROUPS * MFMA_N == QUARTER && TILE == WAVES * QUARTER,
+              "masking: score (i, j) is token 16 i + 4 j + token_base of the quarter");
 
 struct Buffer {
     alignas(16) unsigned char kv[QUARTER_BYTES];
