@@ -24,7 +24,7 @@ from typing import Iterator
 import ml_dtypes
 import numpy as np
 
-from hipmla.validate import check_array, check_choice, check_finite
+from hipmla.validate import check_array, check_choice, check_finite, check_int, check_positive_finite
 
 MX_BLOCK = 32
 #: E2M1 magnitudes by code (bits 0-2); bit 3 is the sign.
@@ -196,7 +196,7 @@ def mxfp4_quantize(
     if n % MX_BLOCK or n == 0:
         raise ValueError(f"x: row length must be a positive multiple of {MX_BLOCK}, got {n}")
     nb = n // MX_BLOCK
-    stride = nb if scale_stride is None else int(scale_stride)
+    stride = nb if scale_stride is None else check_int(scale_stride, "scale_stride", 1, (1 << 31) - 1)
     if stride < nb:
         raise ValueError(f"scale_stride: must be >= n/32 = {nb}, got {scale_stride}")
     data = np.empty((rows, n // 2), dtype=np.uint8)
@@ -290,16 +290,20 @@ def fp8_quantize(x, variant: str = "e4m3fn", scale: float | None = None) -> FP8T
     """Per-tensor FP8: ``scale = amax / fp8_max`` unless given; data = e4m3(x / scale)."""
     check_choice(variant, "variant", FP8_VARIANTS)
     x = _as_float_rows(x, "x")
-    if scale is None:
+    if scale is not None:
+        scale = _f32_scale(scale, "scale")
+    else:
         amax = 0.0
         for sl in _row_chunks(*x.shape):
             xc = x[sl].astype(np.float32)
             check_finite(xc, "x")
             amax = max(amax, float(np.abs(xc).max(initial=0.0)))
         scale = amax / FP8_MAX[variant] if amax > 0 else 1.0
+        if scale < np.finfo(np.float32).tiny:  # amax itself is the problem: no scale was given
+            raise ValueError(f"x: its largest magnitude {amax:.3g} is too small for a per-tensor fp8 "
+                             f"scale (amax / {FP8_MAX[variant]:g} = {scale:.3g} is below float32's "
+                             f"smallest normal {np.finfo(np.float32).tiny:.3g}); pass scale= or rescale x")
     scale = np.float32(scale)
-    if not np.isfinite(scale) or scale <= 0:
-        raise ValueError(f"scale: expected a finite number > 0, got {scale}")
     data = np.empty(x.shape, dtype=np.uint8)
     for sl in _row_chunks(*x.shape):
         xc = x[sl].astype(np.float32)
@@ -311,6 +315,16 @@ def fp8_quantize(x, variant: str = "e4m3fn", scale: float | None = None) -> FP8T
 def fp8_dequantize(data: np.ndarray, scale, variant: str = "e4m3fn") -> np.ndarray:
     check_array(data, "data", dtype=np.uint8, contiguous=False)
     return fp8_to_f32(data, variant) * np.float32(scale)
+
+
+def _f32_scale(value, name: str) -> np.float32:
+    """A scale given by the caller, as the f32 it becomes: finite, > 0 and normal."""
+    v = check_positive_finite(value, name)
+    f = np.float32(v) if v <= float(np.finfo(np.float32).max) else np.float32(np.inf)
+    if not np.isfinite(f) or f < np.finfo(np.float32).tiny:
+        raise ValueError(f"{name}: {value!r} is outside float32's normal range "
+                         f"({np.finfo(np.float32).tiny:.3g} .. {np.finfo(np.float32).max:.3g})")
+    return f
 
 
 # ----------------------------------------------------------------------------- KV cache
@@ -362,6 +376,9 @@ def quantize_kv(
 ) -> KVCache:
     """Encode a float KV cache (rows, dim) into ``format``."""
     check_choice(format, "format", KV_FORMATS)
+    check_choice(fp8_variant, "fp8_variant", FP8_VARIANTS)
+    if fp8_scale is not None:
+        _f32_scale(fp8_scale, "fp8_scale")
     x = _as_float_rows(x, "x")
     if format == "bf16":
         data = np.empty(x.shape, dtype=np.uint16)

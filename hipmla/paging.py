@@ -18,7 +18,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from hipmla.formats import KVCache
-from hipmla.validate import check_array, check_indptr
+from hipmla.validate import check_array, check_indptr, check_int
+
+INT32_MAX = int(np.iinfo(np.int32).max)
 
 #: Page sizes the kernels take: every power of two from 1 (SGLang's token-level
 #: indices) to 128.
@@ -43,9 +45,13 @@ class KvLayout:
 
     def __post_init__(self):
         indptr = check_indptr(self.kv_indptr, "kv_indptr")
+        if int(indptr[-1]) > INT32_MAX:  # the kernels' offsets are int32
+            raise ValueError(f"kv_indptr: last entry {int(indptr[-1])} exceeds the int32 range ({INT32_MAX})")
         check_page_size(self.page_size)
         if (self.kv_indices is None) != (self.kv_last_page_len is None):
-            raise ValueError("kv_indices/kv_last_page_len: a page table needs both (or neither: contiguous rows)")
+            missing = "kv_indices" if self.kv_indices is None else "kv_last_page_len"
+            raise ValueError(f"{missing}: a page table needs both kv_indices and kv_last_page_len "
+                             f"(or neither: contiguous rows), {missing} is missing")
         if self.kv_indices is None:
             return
         b = indptr.shape[0] - 1
@@ -58,6 +64,10 @@ class KvLayout:
         if idx.size and (idx[: int(indptr[-1])] < 0).any():
             bad = int(np.flatnonzero(idx[: int(indptr[-1])] < 0)[0])
             raise ValueError(f"kv_indices: page ids must be >= 0, kv_indices[{bad}] = {int(idx[bad])}")
+        if idx.size and int(idx[: int(indptr[-1])].max(initial=0)) > INT32_MAX // self.page_size:
+            bad = int(np.argmax(idx[: int(indptr[-1])]))
+            raise ValueError(f"kv_indices: page {int(idx[bad])} (kv_indices[{bad}]) starts past the int32 "
+                             f"row range at {self.page_size} rows a page")
         pages = np.diff(indptr.astype(np.int64))
         bad = (pages > 0) & ((last < 1) | (last > self.page_size))
         if bad.any():
@@ -129,6 +139,9 @@ def as_layout(layout_or_indptr) -> KvLayout:
     """A :class:`KvLayout`, or a contiguous one from a host ``kv_indptr``."""
     if isinstance(layout_or_indptr, KvLayout):
         return layout_or_indptr
+    if not isinstance(layout_or_indptr, np.ndarray):
+        raise TypeError(f"layout: expected a hipmla.paging.KvLayout or a host kv_indptr (numpy int32/int64), "
+                        f"got {type(layout_or_indptr).__name__}")
     return KvLayout(check_indptr(layout_or_indptr, "kv_indptr"))
 
 
@@ -144,6 +157,11 @@ def random_page_table(seq_lens, page_size: int, rng: np.random.Generator, *,
 
     lens = check_lens(seq_lens)
     page_size = check_page_size(page_size)
+    if not isinstance(rng, np.random.Generator):
+        raise TypeError(f"rng: expected a numpy.random.Generator (np.random.default_rng(seed)), "
+                        f"got {type(rng).__name__}")
+    check_int(spare_pages, "spare_pages", 0)
+    check_int(shared, "shared", 0)
     pages = -(-lens // page_size)
     total = int(pages.sum())
     perm = rng.permutation(total + int(spare_pages)).astype(np.int32)[:total]

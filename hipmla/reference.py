@@ -16,7 +16,7 @@ import ml_dtypes
 import numpy as np
 
 from hipmla.formats import KVCache
-from hipmla.validate import check_array, check_positive_finite
+from hipmla.validate import check_array, check_int, check_positive_finite
 
 #: The model's shape, defined here once: query heads (DeepSeek-V3/R1 at TP8), Q/K width
 #: (512 latent + 64 rope) and V width (the first 512 columns of a KV row).
@@ -36,7 +36,12 @@ def check_q(q, name: str = "q", batch: int | None = None) -> np.ndarray:
         raise ValueError(
             f"{name}: expected one query row per sequence ({batch} from kv_indptr), got {q.shape[0]}"
         )
-    return q.astype(np.float32)
+    qf = q.astype(np.float32)
+    finite = np.isfinite(qf)
+    if not finite.all():
+        idx = tuple(int(i) for i in np.argwhere(~finite)[0])
+        raise ValueError(f"{name}: NaN or Inf at index {idx}")
+    return qf
 
 
 def mla_decode_reference(
@@ -64,7 +69,8 @@ def mla_decode_reference(
         raise ValueError("kv: an mxfp4 cache needs its E8M0 scales")
     layout.check_cache(kv.rows)
     scale = check_positive_finite(sm_scale, "sm_scale")
-    sel = np.arange(batch) if seqs is None else np.asarray(seqs, dtype=np.int64)
+    d_v = check_int(d_v, "d_v", 1, kv.dim)
+    sel = np.arange(batch) if seqs is None else check_seqs(seqs)
     if sel.size and (sel.min() < 0 or sel.max() >= batch):
         raise ValueError(f"seqs: indices must lie in [0, {batch}), got {sel.min()}..{sel.max()}")
     heads = qf.shape[1]
@@ -82,6 +88,16 @@ def mla_decode_reference(
         out[i] = (e @ k[:, :d_v]) / denom
         lse[i] = (m + np.log(denom))[:, 0]
     return out, lse
+
+
+def check_seqs(seqs, name: str = "seqs") -> np.ndarray:
+    """Sequence indices as int64, from integers only (0.5 must not become sequence 0)."""
+    arr = np.asarray(seqs)
+    if arr.ndim > 1:
+        raise ValueError(f"{name}: expected a 1-D list of sequence indices, got shape {arr.shape}")
+    if arr.size and (arr.dtype == np.bool_ or not np.issubdtype(arr.dtype, np.integer)):
+        raise TypeError(f"{name}: expected integer sequence indices, got dtype {arr.dtype}")
+    return arr.astype(np.int64).reshape(-1)
 
 
 def merge_states(

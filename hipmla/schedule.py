@@ -56,6 +56,9 @@ class SplitPolicy:
                    items_per_cu: int = DEFAULT_ITEMS_PER_CU) -> SplitPolicy:
         if isinstance(num_cus, bool) or not isinstance(num_cus, (int, np.integer)) or num_cus < 1:
             raise ValueError(f"num_cus: expected an integer >= 1, got {num_cus!r}")
+        for name, v, lo in (("fast_tile", fast_tile, 0), ("items_per_cu", items_per_cu, 1)):
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < lo:
+                raise ValueError(f"{name}: expected an integer >= {lo}, got {v!r}")
         return cls(target_items=int(num_cus) * int(items_per_cu), fast_tile=int(fast_tile))
 
     def max_items(self, batch: int) -> int:
@@ -91,6 +94,8 @@ class Schedule:
 
 
 def check_lens(seq_lens, name: str = "seq_lens") -> np.ndarray:
+    if isinstance(seq_lens, (str, bytes, dict, set)) or seq_lens is None:
+        raise TypeError(f"{name}: expected a 1-D sequence of integer lengths, got {type(seq_lens).__name__}")
     lens = np.asarray(seq_lens)
     if lens.ndim != 1 or lens.shape[0] < 1:
         raise ValueError(f"{name}: expected a 1-D sequence of >= 1 lengths, got shape {lens.shape}")
@@ -116,6 +121,8 @@ def split_chunk(total: int, policy: SplitPolicy) -> int:
 
 def schedule(seq_lens, policy: SplitPolicy) -> Schedule:
     """The device's split of a batch with these lengths, item by item in block order."""
+    if not isinstance(policy, SplitPolicy):
+        raise TypeError(f"policy: expected a hipmla.schedule.SplitPolicy, got {type(policy).__name__}")
     lens = check_lens(seq_lens)
     align, fast = policy.align_tokens, policy.fast_tile
     chunk = split_chunk(int(lens.sum()), policy)

@@ -79,16 +79,28 @@ def check_indptr(kv_indptr, name: str = "kv_indptr", total_rows: int | None = No
 
 
 def check_positive_finite(value, name: str) -> float:
+    if isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name}: expected a real number, got {value!r}")
     try:
         v = float(value)
     except (TypeError, ValueError):
-        raise TypeError(f"{name}: expected a real number, got {value!r}") from None
+        raise TypeError(f"{name}: expected a real number, got {type(value).__name__} {value!r}") from None
     if not np.isfinite(v) or v <= 0:
         raise ValueError(f"{name}: expected a finite number > 0, got {value!r}")
     return v
 
 
+def check_int(value, name: str, lo: int, hi: int | None = None) -> int:
+    """An int (a numpy integer too, never a bool) in ``lo .. hi``."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{name}: expected an int, got {type(value).__name__} {value!r}")
+    if value < lo or (hi is not None and value > hi):
+        want = f">= {lo}" if hi is None else f"in [{lo}, {hi}]"
+        raise ValueError(f"{name}: expected an int {want}, got {int(value)}")
+    return int(value)
+
+
 def check_choice(value, name: str, choices: Sequence[str]) -> str:
-    if value not in choices:
+    if not isinstance(value, str) or value not in choices:  # never == on an array
         raise ValueError(f"{name}: expected one of {', '.join(map(repr, choices))}, got {value!r}")
     return value
