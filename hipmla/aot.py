@@ -700,14 +700,15 @@ def predict(counts: LoopCounts, waves_per_simd: int, batch: int, kv_len: int, *,
     ``kv_format`` sets the bytes per token (``scale_stride`` the mxfp4 scale row)."""
     from hipmla.schedule import SplitPolicy, schedule  # numpy-only; keep aot import-light
 
-    items = schedule([kv_len] * batch, SplitPolicy.for_device(device.num_cus, fast_tile=128))
+    # the decoder's policy on gfx950/gfx942: the fast kernel takes every item
+    items = schedule([kv_len] * batch, SplitPolicy.for_device(device.num_cus))
     length = items.end - items.begin
-    whole = (length > 0) & (length % 128 == 0)
+    whole = length > 0
     blocks_per_cu = max(1, waves_per_simd * SIMDS_PER_CU // waves_per_block)
     valu = counts.valu * VALU_CYCLES + counts.transcendental * (TRANSCENDENTAL_CYCLES - VALU_CYCLES)
     lds = counts.lds_bytes * waves_per_block / LDS_BYTES_PER_CLOCK
     per_tile = (max(counts.mfma_cycles, valu, lds), max(counts.mfma_cycles + valu, lds))
-    tiles = length[whole] // 128
+    tiles = -(-length[whole] // 128)  # a partial last tile costs a whole one
     loads = [0] * (device.num_cus * blocks_per_cu)
     for t in sorted(tiles.tolist(), reverse=True):
         i = loads.index(min(loads))

@@ -35,7 +35,7 @@ FNUZ_ARCHS = ("gfx940", "gfx941", "gfx942")
 
 SPLIT_SOURCE = "decode/split.hip"
 FAST_SOURCES = {"gfx950": "decode/split_mfma_gfx950.hip", "gfx942": "decode/split_mfma_gfx942.hip"}
-#: Tokens per tile of the fast kernels; every range they get is a whole number of tiles.
+#: Tokens per tile of the AMD fast kernels (a partial last tile is masked in the kernel).
 FAST_TILE_TOKENS = 128
 #: (kv_format, q_precision) pairs each arch's fast kernel implements.
 FAST_VARIANTS = {
@@ -95,7 +95,7 @@ class KernelSpec:
     block_threads: int
     dynamic_shared_bytes: int  # 0: the kernels use static shared memory only
     archs: tuple[str, ...] = ()  # processors it builds for; () = every target
-    tile_tokens: int = 0  # > 0: every work item must cover whole tiles of this many tokens
+    tile_tokens: int = 0  # > 0: a tiled fast kernel's step (partial last tiles masked inside); 0: none
     softmax_tile: int = TILE_TOKENS  # tokens per online-softmax step (the emulator's tile)
 
     def builds_for(self, arch: str) -> bool:
@@ -142,8 +142,9 @@ def all_kernels() -> list[KernelSpec]:
 
 def fast_split_kernel(arch: str, kv_format: str, q_precision: str) -> KernelSpec | None:
     """The fast split kernel of ``arch`` (``"gfx950"``, ``"gfx942:sramecc+:xnack-"``,
-    ``"sm_90"``) for whole ``FAST_TILE_TOKENS`` tiles, or None when the arch has none for
-    this cache format and Q precision (the portable kernel then takes every item)."""
+    ``"sm_90"``), which walks items in ``FAST_TILE_TOKENS`` tiles and masks a partial last
+    one, so it takes every item by itself; or None when the arch has none for this cache
+    format and Q precision (the main kernel then takes every item)."""
     if not isinstance(arch, str) or not arch.strip():
         raise ValueError(f"arch: expected an offload arch such as 'gfx950' or 'sm_90', got {arch!r}")
     _check_choice(kv_format, "kv_format", KV_FORMATS)
