@@ -4,8 +4,12 @@
     dec.run(q, kv, kv_indptr, out, kv_scale=scales, lse=lse,             # contiguous rows
             kv_indices=pages, kv_last_page_len=last, page_size=16)       # or a page table
 
-Buffers are device addresses (int) or objects exposing ``__cuda_array_interface__``;
-with the latter every shape, dtype and stride is checked before anything is launched.
+Buffers are device addresses (int), objects exposing ``__cuda_array_interface__`` or
+DLPack producers (``__dlpack__``, kDLCUDA or kDLROCM memory); with the latter two every
+shape, dtype and stride is checked before anything is launched. The kernels run on the
+stream passed to ``run`` (or the decoder's): the caller orders the producers' work before
+it (an interface's ``stream`` key is checked, not waited on; DLPack capsules are asked
+for no synchronization, ``stream=-1``).
 The split of the batch over the GPU is derived on the device from ``kv_indptr`` (and
 ``kv_last_page_len``) by every block of the decode grid (``hip_src/core/schedule.h``),
 and the last block of a split sequence merges its partials, so a step never reads
@@ -20,6 +24,7 @@ one stream at a time: two steps in flight at once on two streams would share the
 
 from __future__ import annotations
 
+import ctypes
 import time
 from dataclasses import dataclass
 from typing import Callable
@@ -66,30 +71,36 @@ def fp8_variant_for(arch: str) -> str:
 
 
 def device_ptr(obj, name: str, *, itemsize: int, shape: tuple | None = None,
-               kinds: str = "uiV", align: int = 4) -> tuple[int, tuple | None]:
-    """``(address, shape)`` of a device buffer given as an int or a
-    ``__cuda_array_interface__`` object (shape None for a raw address).
+               kinds: str = "uiV", align: int = 4, writable: bool = False) -> tuple[int, tuple | None]:
+    """``(address, shape)`` of a device buffer given as an int, a
+    ``__cuda_array_interface__`` object or a DLPack producer (shape None for a raw address).
 
     The address must be ``align``-byte aligned (the kernels load Q and KV rows 16 bytes
     at a time). For an interface object, ``shape`` (``None`` entries match anything),
-    the element size and C-contiguity are checked too. The extent behind a raw address
-    cannot be checked: it is the caller's promise.
+    the element size and C-contiguity are checked too, and ``writable`` buffers must not
+    be read-only. The extent behind a raw address cannot be checked: it is the caller's
+    promise.
     """
     if isinstance(obj, (int, np.integer)) and not isinstance(obj, bool):
         if obj <= 0:
             raise ValueError(f"{name}: expected a non-null device address, got {obj}")
+        if obj >= 1 << 64:
+            raise ValueError(f"{name}: {obj:#x} is not a 64-bit device address")
         return _aligned(int(obj), name, align), None
-    cai = getattr(obj, "__cuda_array_interface__", None)
+    cai = _interface(obj, name)
     if cai is None:
         if isinstance(obj, np.ndarray):
             raise TypeError(f"{name}: got a host numpy array; run() takes device buffers "
                             f"(use Decoder.decode for numpy inputs)")
-        raise TypeError(f"{name}: expected a device address (int) or an object with "
-                        f"__cuda_array_interface__, got {type(obj).__name__}")
-    got_shape = tuple(int(s) for s in cai["shape"])
-    typestr = cai["typestr"]
+        raise TypeError(f"{name}: expected a device address (int), an object with "
+                        f"__cuda_array_interface__ or a DLPack producer, got {type(obj).__name__}")
+    got_shape = _shape(cai, name)
+    typestr = cai.get("typestr")
+    if not isinstance(typestr, str) or len(typestr) < 3 or not typestr[2:].isdigit():
+        raise TypeError(f"{name}: the interface's typestr {typestr!r} is not a numpy type string")
     if int(typestr[2:]) != itemsize or typestr[1] not in kinds:
-        want = {"f": "float", "i": "int32"}.get(kinds, "raw (bf16/fp8/byte) or integer")
+        want = {"f": "float32" if itemsize == 4 else "float", "i": "int32" if itemsize == 4 else "integer"} \
+            .get(kinds, "raw (bf16/fp8/byte) or integer")
         raise TypeError(f"{name}: expected {itemsize}-byte {want} elements, got typestr {typestr!r}")
     if shape is not None:
         if len(got_shape) != len(shape) or any(w is not None and w != g for w, g in zip(shape, got_shape)):
@@ -98,11 +109,27 @@ def device_ptr(obj, name: str, *, itemsize: int, shape: tuple | None = None,
     if strides is not None:
         contiguous = tuple(int(np.prod(got_shape[i + 1:], dtype=np.int64)) * itemsize
                            for i in range(len(got_shape)))
-        if tuple(strides) != contiguous:
+        # extents of 1 may carry any stride (torch gives them one): only used strides count
+        if any(int(s) != c for s, c, n in zip(strides, contiguous, got_shape) if n != 1) \
+                or len(tuple(strides)) != len(got_shape):
             raise ValueError(f"{name}: expected a C-contiguous buffer, got strides {tuple(strides)}")
-    ptr = int(cai["data"][0])
+    if cai.get("mask") is not None:
+        raise TypeError(f"{name}: masked arrays are not supported (the interface has a mask)")
+    stream = cai.get("stream")
+    if stream is not None and (isinstance(stream, bool) or not isinstance(stream, (int, np.integer))):
+        raise TypeError(f"{name}: the interface's stream must be None or an int, got {stream!r}")
+    if stream is not None and stream == 0:
+        raise ValueError(f"{name}: the interface's stream is 0, which version 3 of the CUDA Array "
+                         f"Interface disallows (1: legacy default stream, 2: per-thread default)")
+    data = cai.get("data")
+    if not isinstance(data, tuple) or len(data) != 2 or isinstance(data[0], bool) \
+            or not isinstance(data[0], (int, np.integer)):
+        raise TypeError(f"{name}: the interface's data must be (pointer, read_only), got {data!r}")
+    ptr = int(data[0])
     if ptr == 0 and int(np.prod(got_shape, dtype=np.int64)) > 0:
         raise ValueError(f"{name}: null data pointer")
+    if writable and data[1]:
+        raise ValueError(f"{name}: the buffer is read-only, and the kernels write it")
     return _aligned(ptr, name, align), got_shape
 
 
@@ -110,6 +137,127 @@ def _aligned(ptr: int, name: str, align: int) -> int:
     if ptr % align:
         raise ValueError(f"{name}: device address {ptr:#x} is not {align}-byte aligned")
     return ptr
+
+
+def _shape(cai: dict, name: str) -> tuple:
+    shape = cai.get("shape")
+    if not isinstance(shape, (tuple, list)) or any(
+            isinstance(s, bool) or not isinstance(s, (int, np.integer)) or s < 0 for s in shape):
+        raise TypeError(f"{name}: the interface's shape must be a tuple of extents >= 0, got {shape!r}")
+    return tuple(int(s) for s in shape)
+
+
+def _interface(obj, name: str) -> dict | None:
+    """``__cuda_array_interface__`` of ``obj``, or the same fields read from its DLPack
+    capsule, or None when it speaks neither."""
+    try:
+        cai = obj.__cuda_array_interface__
+    except AttributeError:
+        cai = None
+    if cai is None and isinstance(obj, np.ndarray):
+        return None  # host memory (numpy speaks DLPack too): device_ptr says what to do instead
+    if cai is not None:
+        if not isinstance(cai, dict):
+            raise TypeError(f"{name}: __cuda_array_interface__ must be a dict, got {type(cai).__name__}")
+        return cai
+    if callable(getattr(obj, "__dlpack__", None)):
+        return dlpack_interface(obj, name)
+    return None
+
+
+# ----------------------------------------------------------------------------- DLPack
+# The C structs of dlpack.h (v0.8 legacy capsule "dltensor" and v1.x "dltensor_versioned").
+
+
+class _DLDevice(ctypes.Structure):
+    _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
+
+
+class _DLDataType(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
+
+
+class _DLTensor(ctypes.Structure):
+    _fields_ = [("data", ctypes.c_void_p), ("device", _DLDevice), ("ndim", ctypes.c_int32),
+                ("dtype", _DLDataType), ("shape", ctypes.POINTER(ctypes.c_int64)),
+                ("strides", ctypes.POINTER(ctypes.c_int64)), ("byte_offset", ctypes.c_uint64)]
+
+
+class _DLManagedTensor(ctypes.Structure):
+    _fields_ = [("dl_tensor", _DLTensor), ("manager_ctx", ctypes.c_void_p), ("deleter", ctypes.c_void_p)]
+
+
+class _DLPackVersion(ctypes.Structure):
+    _fields_ = [("major", ctypes.c_uint32), ("minor", ctypes.c_uint32)]
+
+
+class _DLManagedTensorVersioned(ctypes.Structure):
+    _fields_ = [("version", _DLPackVersion), ("manager_ctx", ctypes.c_void_p), ("deleter", ctypes.c_void_p),
+                ("flags", ctypes.c_uint64), ("dl_tensor", _DLTensor)]
+
+
+#: DLPack device types of memory the kernels can read.
+DLPACK_DEVICES = {2: "kDLCUDA", 10: "kDLROCM"}
+_DLPACK_HOST = {1: "kDLCPU", 3: "kDLCUDAHost", 11: "kDLROCMHost"}
+#: DLPack dtype codes as numpy kinds: int, uint, float, bfloat and the float8 codes
+#: (bit patterns, like a uint8 or uint16 view).
+_DLPACK_KINDS = {0: "i", 1: "u", 2: "f", 4: "V", 6: "b", 5: "c"}
+_DLPACK_READ_ONLY = 1
+# private function objects (indexing makes new ones): argtypes set on the shared
+# ctypes.pythonapi attributes would change them for every other user in the process
+_capsule_name = ctypes.pythonapi["PyCapsule_GetName"]
+_capsule_name.argtypes, _capsule_name.restype = [ctypes.py_object], ctypes.c_char_p
+_capsule_pointer = ctypes.pythonapi["PyCapsule_GetPointer"]
+_capsule_pointer.argtypes, _capsule_pointer.restype = [ctypes.py_object, ctypes.c_char_p], ctypes.c_void_p
+
+
+def dlpack_interface(obj, name: str) -> dict:
+    """The ``__cuda_array_interface__`` fields of a DLPack producer, read from its capsule.
+
+    The capsule is only looked at, never consumed: its name stays ``"dltensor"``, so the
+    producer's own capsule destructor releases it (the deleter runs once, not here). The
+    memory stays the producer's, alive as long as ``obj`` is."""
+    device = getattr(obj, "__dlpack_device__", None)
+    if callable(device):
+        dev_type = int(device()[0])
+        _check_dlpack_device(dev_type, name)
+    try:
+        capsule = obj.__dlpack__(stream=-1)  # -1: the producer must not synchronize
+    except TypeError:
+        capsule = obj.__dlpack__()  # producers older than the stream keyword
+    cname = _capsule_name(capsule)
+    if cname == b"dltensor":
+        managed = _DLManagedTensor.from_address(_capsule_pointer(capsule, cname))
+        t, read_only = managed.dl_tensor, False
+    elif cname == b"dltensor_versioned":
+        managed = _DLManagedTensorVersioned.from_address(_capsule_pointer(capsule, cname))
+        t, read_only = managed.dl_tensor, bool(managed.flags & _DLPACK_READ_ONLY)
+    else:
+        raise TypeError(f"{name}: __dlpack__ returned a capsule named {cname!r}, not an unused DLPack tensor")
+    _check_dlpack_device(int(t.device.device_type), name)
+    ndim = int(t.ndim)
+    shape = tuple(int(t.shape[i]) for i in range(ndim))
+    code, bits, lanes = int(t.dtype.code), int(t.dtype.bits), int(t.dtype.lanes)
+    if lanes != 1 or bits % 8 or bits == 0:
+        raise TypeError(f"{name}: DLPack dtype code {code}, {bits} bits x {lanes} lanes is not a "
+                        f"whole-byte scalar type")
+    kind = _DLPACK_KINDS.get(code, "V" if code >= 7 else "?")  # 7+: float8/float4/... bit patterns
+    item = bits // 8
+    strides = None if not t.strides else tuple(int(t.strides[i]) * item for i in range(ndim))
+    data = (t.data or 0) + int(t.byte_offset)
+    del capsule  # the producer's destructor runs the deleter, once
+    return {"shape": shape, "typestr": f"<{kind}{item}", "data": (data, read_only), "strides": strides,
+            "version": 3, "dlpack_device": (int(t.device.device_type), int(t.device.device_id))}
+
+
+def _check_dlpack_device(dev_type: int, name: str) -> None:
+    if dev_type in DLPACK_DEVICES:
+        return
+    if dev_type in _DLPACK_HOST:
+        raise TypeError(f"{name}: a host ({_DLPACK_HOST[dev_type]}) DLPack tensor; run() takes GPU "
+                        f"memory (kDLCUDA or kDLROCM); use Decoder.decode for host arrays")
+    raise TypeError(f"{name}: DLPack device type {dev_type} is not GPU memory the kernels can read "
+                    f"(kDLCUDA = 2, kDLROCM = 10)")
 
 
 # ----------------------------------------------------------------------------- argument keys
@@ -128,7 +276,15 @@ def _array_key(obj) -> tuple:
 
 def _interface_key(obj) -> tuple:
     cai = obj.__cuda_array_interface__
-    return (type(obj), cai["data"][0], tuple(cai["shape"]), cai["typestr"], cai.get("strides"))
+    # data is (pointer, read-only); mask and stream are checked too, so they are part of it
+    return (type(obj), cai["data"], tuple(cai["shape"]), cai["typestr"], cai.get("strides"),
+            cai.get("mask") is None, cai.get("stream"))
+
+
+def _dlpack_key(obj) -> tuple:
+    # a pure DLPack producer: its capsule is the only place its fields are
+    d = dlpack_interface(obj, "")
+    return (type(obj), d["data"], d["shape"], d["typestr"], d["strides"], d["dlpack_device"])
 
 
 _KEYERS: dict[type, Callable] = {}
@@ -147,10 +303,12 @@ def buffer_key(obj):
         if isinstance(obj, runtime.DeviceArray):
             keyer = _array_key
         elif callable(getattr(obj, "data_ptr", None)) and callable(getattr(obj, "stride", None)) \
-                and hasattr(obj, "__cuda_array_interface__"):
-            keyer = _tensor_key
-        else:
+                and (hasattr(obj, "__cuda_array_interface__") or hasattr(obj, "__dlpack__")):
+            keyer = _tensor_key  # torch (CUDA or ROCm): never the capsule on the hot path
+        elif hasattr(obj, "__cuda_array_interface__") or not hasattr(obj, "__dlpack__"):
             keyer = _interface_key
+        else:
+            keyer = _dlpack_key
         _KEYERS[type(obj)] = keyer
     try:
         return keyer(obj)
@@ -182,8 +340,11 @@ class DecoderConfig:
         check_choice(self.kv_format, "kv_format", KV_FORMATS)
         check_choice(self.q_precision, "q_precision", kernels.Q_PRECISIONS)
         check_positive_finite(self.sm_scale, "sm_scale")
+        if isinstance(self.heads, bool) or not isinstance(self.heads, (int, np.integer)):
+            raise TypeError(f"heads: expected an int, got {type(self.heads).__name__} {self.heads!r}")
         if self.heads != kernels.HEADS:
             raise ValueError(f"heads: the kernels are built for {kernels.HEADS} heads, got {self.heads!r}")
+        object.__setattr__(self, "heads", int(self.heads))  # a numpy integer would reach ctypes fields
 
 
 class Decoder:
@@ -193,6 +354,15 @@ class Decoder:
                  heads: int = kernels.HEADS, device: int = 0, stream=None,
                  max_batch: int = DEFAULT_MAX_BATCH):
         check_choice(kv_format, "kv_format", KV_FORMATS)
+        if isinstance(device, bool) or not isinstance(device, (int, np.integer)):
+            raise TypeError(f"device: expected a device index (int), got {type(device).__name__} {device!r}")
+        if device < 0:
+            raise ValueError(f"device: expected a device index >= 0, got {device}")
+        sm_scale = check_positive_finite(sm_scale, "sm_scale")
+        with np.errstate(over="ignore", under="ignore"):  # _f32 rejects what does not fit
+            _f32(float(np.float32(sm_scale) * LOG2E), "sm_scale")
+        DecoderConfig(kv_format, sm_scale, heads=heads)  # the arguments, before any device call
+        check_stream(stream)
         self.device = runtime.device_info(device)
         arch = self.device.arch
         q_precision = resolve_q_precision(q_precision, arch, kv_format)
@@ -297,7 +467,7 @@ class Decoder:
         if key != self._last_key:
             self._last_key = None
             self._prepare(q, kv, kv_indptr, out, kv_indices, kv_last_page_len, page_size, kv_scale, lse,
-                          fp8_scale, kv_scale_stride, batch, key[-1])
+                          fp8_scale, kv_scale_stride, batch, check_stream(key[-1]))
             self._last_key = key
         for launch in self._launches:
             launch()
@@ -317,8 +487,9 @@ class Decoder:
         p.kv, kv_shape = device_ptr(kv, "kv", itemsize=2 if fmt == "bf16" else 1, shape=(None, kv_cols), align=16)
         p.kv_indptr = device_ptr(kv_indptr, "kv_indptr", itemsize=4, shape=(b + 1,), kinds="i")[0]
         # The kernels store up to 16 bytes of output at a time.
-        p.out = device_ptr(out, "out", itemsize=2, shape=(b, h, kernels.D_V), align=16)[0]
-        p.lse = 0 if lse is None else device_ptr(lse, "lse", itemsize=4, shape=(b, h), kinds="f")[0]
+        p.out = device_ptr(out, "out", itemsize=2, shape=(b, h, kernels.D_V), align=16, writable=True)[0]
+        p.lse = 0 if lse is None else device_ptr(lse, "lse", itemsize=4, shape=(b, h), kinds="f",
+                                                 writable=True)[0]
         # The kernels read no row past the cache's and no page-table entry past its end
         # (0: a raw address, whose extent is the caller's promise).
         p.kv_rows = min(kv_shape[0], INT32_MAX) if kv_shape is not None else 0
@@ -330,7 +501,8 @@ class Decoder:
             p.kv_indices = p.kv_last_page_len = 0
             p.page_shift = 0
         elif kv_indices is None or kv_last_page_len is None:
-            raise ValueError("kv_indices/kv_last_page_len: a page table needs both")
+            missing = "kv_indices" if kv_indices is None else "kv_last_page_len"
+            raise ValueError(f"kv_indices/kv_last_page_len: a page table needs both, {missing} is missing")
         else:
             p.page_shift = check_page_size(page_size).bit_length() - 1
             p.kv_indices, idx_shape = device_ptr(kv_indices, "kv_indices", itemsize=4, shape=(None,), kinds="i")
@@ -395,6 +567,8 @@ class Decoder:
         layout = as_layout(layout)
         check_q(q, batch=layout.batch)
         self._check_cache(kv)
+        if kv.format == "mxfp4" and not isinstance(kv.scales, np.ndarray):
+            raise ValueError(f"kv: an mxfp4 cache needs its E8M0 scales, got scales={kv.scales!r}")
         layout.check_cache(kv.rows)
         import ml_dtypes
 
@@ -460,18 +634,44 @@ def _f32(value: float, name: str) -> float:
     return float(v)
 
 
+def check_stream(stream, name: str = "stream"):
+    """What the launch takes for ``stream``: None (the null stream), a :class:`runtime.Stream`,
+    a raw handle (int >= 0 or a hip-python stream), or a torch/CuPy-style stream object
+    (its ``cuda_stream`` / ``ptr`` handle, or ``__cuda_stream__()``)."""
+    if stream is None or isinstance(stream, runtime.Stream):
+        return stream
+    if isinstance(stream, (int, np.integer)) and not isinstance(stream, bool):
+        if not 0 <= stream < 1 << 64:
+            raise ValueError(f"{name}: a raw stream handle must lie in [0, 2**64), got {stream}")
+        return int(stream)
+    proto = getattr(stream, "__cuda_stream__", None)
+    if callable(proto):
+        got = proto()
+        if isinstance(got, tuple) and len(got) == 2:
+            return check_stream(got[1], name)
+        raise TypeError(f"{name}: __cuda_stream__() must return (version, handle), got {got!r}")
+    for attr in ("cuda_stream", "ptr"):  # torch.cuda.Stream, cupy.cuda.Stream
+        handle = getattr(stream, attr, None)
+        if isinstance(handle, (int, np.integer)) and not isinstance(handle, bool):
+            return check_stream(handle, name)
+    if type(stream).__module__.split(".")[0] in ("hip", "rocm", "cuda") and hasattr(stream, "__int__"):
+        return stream  # hip-python's own handle (ihipStream_t)
+    raise TypeError(f"{name}: expected None, a hipmla.runtime.Stream, a raw handle (int) or a "
+                    f"stream object (hip-python, torch, CuPy), got {type(stream).__name__} {stream!r}")
+
+
 def _batch(q, batch) -> int:
     if batch is not None:
         if isinstance(batch, bool) or not isinstance(batch, (int, np.integer)) or batch < 1:
             raise ValueError(f"batch: expected an integer >= 1, got {batch!r}")
         return int(batch)
-    cai = getattr(q, "__cuda_array_interface__", None)
+    if isinstance(q, (int, np.integer)) and not isinstance(q, bool):
+        raise ValueError("batch: needed when q is a raw address (the sequences of the step)")
+    cai = _interface(q, "q")
     if cai is None:
-        if isinstance(q, (int, np.integer)) and not isinstance(q, bool):
-            raise ValueError("batch: needed when q is a raw address (the sequences of the step)")
         device_ptr(q, "q", itemsize=2)  # raises: says what q is instead
         raise TypeError(f"q: expected a device address (int) or a device buffer, got {type(q).__name__}")
-    shape = tuple(cai["shape"])
+    shape = _shape(cai, "q")
     if len(shape) != 3 or shape[0] < 1:
         raise ValueError(f"q: expected shape (batch >= 1, {kernels.HEADS}, {kernels.D_QK}), got {shape}")
     return int(shape[0])
@@ -483,10 +683,14 @@ def _scale_stride(kv_scale, kv_scale_stride: int | None) -> int:
     if kv_scale_stride is not None and (isinstance(kv_scale_stride, bool)
                                         or not isinstance(kv_scale_stride, (int, np.integer))):
         raise TypeError(f"kv_scale_stride: expected an int, got {type(kv_scale_stride).__name__}")
-    cai = getattr(kv_scale, "__cuda_array_interface__", None)
-    if cai is not None and len(cai["shape"]) != 2:
-        raise ValueError(f"kv_scale: expected shape (rows, stride), got {tuple(cai['shape'])}")
-    stride = int(cai["shape"][1]) if cai is not None else kv_scale_stride
+    raw = isinstance(kv_scale, (int, np.integer)) and not isinstance(kv_scale, bool)
+    cai = None if raw else _interface(kv_scale, "kv_scale")
+    if not raw and cai is None:
+        device_ptr(kv_scale, "kv_scale", itemsize=1, align=1)  # raises: says what kv_scale is
+    shape = None if cai is None else _shape(cai, "kv_scale")
+    if shape is not None and len(shape) != 2:
+        raise ValueError(f"kv_scale: expected shape (rows, stride), got {shape}")
+    stride = int(shape[1]) if shape is not None else kv_scale_stride
     if stride is None:
         raise ValueError("kv_scale_stride: needed when kv_scale is a raw address")
     if kv_scale_stride is not None and stride != kv_scale_stride:
@@ -515,6 +719,6 @@ def gpu_check_backend(index: int = 0):
     return f"{info.arch}:{index}", run
 
 
-__all__ = ["DEVICE_ERRORS", "Decoder", "DecoderConfig", "DeviceInputError", "PAGE_SIZES", "KvLayout",
-           "buffer_key", "device_ptr",
+__all__ = ["DEVICE_ERRORS", "DLPACK_DEVICES", "Decoder", "DecoderConfig", "DeviceInputError", "PAGE_SIZES", "KvLayout",
+           "buffer_key", "check_stream", "device_ptr", "dlpack_interface",
            "fp8_variant_for", "resolve_q_precision"]
