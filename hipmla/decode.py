@@ -122,7 +122,7 @@ def device_ptr(obj, name: str, *, itemsize: int, shape: tuple | None = None,
         raise ValueError(f"{name}: the interface's stream is 0, which version 3 of the CUDA Array "
                          f"Interface disallows (1: legacy default stream, 2: per-thread default)")
     data = cai.get("data")
-    if not isinstance(data, tuple) or len(data) != 2 or isinstance(data[0], bool) \
+    if not isinstance(data, (tuple, list)) or len(data) != 2 or isinstance(data[0], bool) \
             or not isinstance(data[0], (int, np.integer)):
         raise TypeError(f"{name}: the interface's data must be (pointer, read_only), got {data!r}")
     ptr = int(data[0])
