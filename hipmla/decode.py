@@ -32,7 +32,7 @@ from typing import Callable
 import numpy as np
 
 from hipmla import kernels, runtime
-from hipmla.emulate import LOG2E
+from hipmla.emulate import FAST_SCHEDULES, LOG2E, emulate_decode
 from hipmla.formats import KV_FORMATS, KVCache
 from hipmla.paging import PAGE_SIZES, KvLayout, as_layout, check_page_size
 from hipmla.reference import check_q
@@ -369,14 +369,13 @@ class Decoder:
         self.config = DecoderConfig(kv_format, check_positive_finite(sm_scale, "sm_scale"), q_precision, heads)
         self.stream = stream
         self.fp8_variant = fp8_variant_for(arch)
-        # sm_90 with bf16 Q: the tensor-core kernel takes every item (any length); elsewhere
-        # the portable kernel, with whole tiles going to the arch's fast kernel if it has one.
-        self._split = kernels.main_split_kernel(arch, kv_format, q_precision)
+        # One kernel takes every item of a step (any length; partial tiles masked inside):
+        # the arch's fast kernel for this cache format and Q where it has one (gfx950,
+        # gfx942), else the sm_90 tensor-core kernel for bf16 Q, else the portable kernel.
         self._fast = kernels.fast_split_kernel(arch, kv_format, q_precision)
-        self.policy = SplitPolicy.for_device(
-            self.device.num_cus, fast_tile=self._fast.tile_tokens if self._fast is not None else 0)
+        self._split = self._fast or kernels.main_split_kernel(arch, kv_format, q_precision)
+        self.policy = SplitPolicy.for_device(self.device.num_cus)
         self._split_fn = runtime.load_kernel(self._split, arch)
-        self._fast_fn = runtime.load_kernel(self._fast, arch) if self._fast is not None else None
         self._scratch: runtime.DeviceBuffer | None = None
         self._max_batch = 0
         self._slots = 0
@@ -401,9 +400,21 @@ class Decoder:
 
     @property
     def tile_tokens(self) -> int:
-        """Tokens per online-softmax step of the kernel that takes the non-fast items (the
-        emulator's ``tile_tokens`` for this decoder)."""
+        """Tokens per online-softmax step of the kernel (the emulator's ``tile_tokens``;
+        the AMD fast kernels step per wave quarter of their 128-token tiles)."""
+        if self._fast is not None:
+            return FAST_SCHEDULES[self.device.arch.split(":", 1)[0]].quarter
         return self._split.softmax_tile
+
+    def emulate(self, q, kv: KVCache, layout, *, seqs=None) -> tuple[np.ndarray, np.ndarray]:
+        """What this decoder's kernel computes, by the numpy emulator: the same schedule,
+        tiles and Q quantization (``hipmla.emulate.emulate_decode``)."""
+        kw: dict = dict(q_precision=self.config.q_precision, q_fp8_variant=self.fp8_variant, seqs=seqs)
+        if self._fast is not None:
+            kw.update(fast_schedule=FAST_SCHEDULES[self.device.arch.split(":", 1)[0]], fast_any_length=True)
+        else:
+            kw.update(tile_tokens=self._split.softmax_tile)
+        return emulate_decode(q, kv, layout, self.config.sm_scale, self.policy, **kw)
 
     @property
     def scratch_bytes(self) -> int:
@@ -532,16 +543,10 @@ class Decoder:
                 p.kv_fp8_scale = 1.0
         p.batch = b
         grid = kernels.grid_decode(self.policy.max_items(b))
-        block = (kernels.BLOCK_THREADS, 1, 1)
-        # Each launch gets its own copy of the parameters (the struct is read when a
+        # The launch gets its own copy of the parameters (the struct is read when a
         # launch is enqueued; a copy per launch keeps later edits of self._params out).
-        launches = []
-        if self._fast_fn is not None:
-            launches.append(self._fast_fn.bind(type(p).from_buffer_copy(p)).prepare(
-                grid, (self._fast.block_threads, 1, 1), self._fast.dynamic_shared_bytes, stream))
-        launches.append(self._split_fn.bind(type(p).from_buffer_copy(p)).prepare(
-            grid, block, self._split.dynamic_shared_bytes, stream))
-        self._launches = launches
+        self._launches = [self._split_fn.bind(type(p).from_buffer_copy(p)).prepare(
+            grid, (self._split.block_threads, 1, 1), self._split.dynamic_shared_bytes, stream)]
 
     def check_errors(self) -> None:
         """Raise :class:`DeviceInputError` if a step since the last check found invalid

@@ -13,7 +13,6 @@ import sys
 import numpy as np
 
 from hipmla.decode import Decoder
-from hipmla.emulate import emulate_decode
 from hipmla.inputs import make_inputs
 from hipmla.paging import random_page_table, scatter
 
@@ -32,7 +31,7 @@ def main() -> int:
                 cases.append((f"page {page_size}", scatter(inputs.kv, layout), layout))
             for name, kv, layout in cases:
                 out, lse = dec.decode(inputs.q, kv, layout)
-                emu, _ = emulate_decode(inputs.q, kv, layout, 1 / 24, dec.policy, tile_tokens=dec.tile_tokens)
+                emu, _ = dec.emulate(inputs.q, kv, layout)
                 o = out.astype(np.float32)
                 if not np.isfinite(o).all():
                     print(f"{fmt} {name}: non-finite output")

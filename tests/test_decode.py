@@ -376,7 +376,7 @@ def paged(b: int = 2, pages: int = 64, **over) -> dict:
 @pytest.mark.parametrize("b", [1, 3, 64])
 def test_one_launch_per_run_over_the_whole_schedule_without_a_fast_kernel(monkeypatch, b):
     gpu, dec = make(monkeypatch, "sm_90", max_batch=64)
-    assert dec._fast_fn is None
+    assert dec._fast is None
     dec.run(**args(b, lse=FakeCAI((b, H), "<f4", ADDR["lse"])))
     dec.run(**args(b, lse=FakeCAI((b, H), "<f4", ADDR["lse"])))
     assert len(gpu.launches) == 2  # one per run, nothing else (no combine kernel any more)
@@ -409,19 +409,20 @@ def test_grid_follows_the_batch(monkeypatch):
     ("gfx942", "mxfp4", "bf16"),  # the bf16 MFMA takes every cache, bf16 Q only
     ("gfx942", "fp8", "bf16"),
 ])
-def test_fast_arch_launches_the_fast_kernel_then_the_portable_one(monkeypatch, arch, kv_format, q_precision):
+def test_fast_arch_launches_only_its_fast_kernel(monkeypatch, arch, kv_format, q_precision):
+    """The AMD fast kernels mask partial tiles themselves: one launch takes every item,
+    and the portable kernel is not even loaded for the variant."""
     gpu, dec = make(monkeypatch, arch, kv_format)  # q_precision "auto"
     assert dec.config.q_precision == q_precision and dec._fast is not None
+    assert dec._split is dec._fast and list(gpu.functions) == [dec._fast.symbol]
     for _ in range(2):
         dec.run(**args(4, kv_format=kv_format))
-    assert [l.symbol for l in gpu.launches] == [dec._fast.symbol, dec._split.symbol] * 2
-    fast, portable = gpu.launches[:2]
-    # Both derive the same schedule on the device (the fast kernel takes the whole tiles,
-    # the portable one the rest), so they get one grid and the very same parameters.
-    assert fast.grid == portable.grid == (dec.policy.max_items(4), 1, 1) == (2 * NUM_CUS + 2 * 4, 1, 1)
-    assert fast.params == portable.params
-    assert fast.fast_tile == 128 and fast.split_target == NUM_CUS * 2 and fast.batch == 4
+    assert [l.symbol for l in gpu.launches] == [dec._fast.symbol] * 2
+    fast = gpu.launches[0]
+    assert fast.grid == (dec.policy.max_items(4), 1, 1) == (2 * NUM_CUS + 4, 1, 1)
+    assert fast.fast_tile == 0 and fast.split_target == NUM_CUS * 2 and fast.batch == 4
     assert fast.block == (256, 1, 1)
+    assert dec.tile_tokens == 32  # a wave's quarter of the 128-token tile
 
 
 def test_bf16_q_on_gfx950_has_no_fast_kernel(monkeypatch):
@@ -893,4 +894,27 @@ def test_sm90_takes_every_item_with_bf16_q(monkeypatch):
     _, fp8_q = make(monkeypatch, arch="sm_90", q_precision="fp8")
     assert fp8_q._split.symbol == "hipmla_decode_split_mxfp4_qfp8" and fp8_q.tile_tokens == 64
     _, amd = make(monkeypatch, arch="gfx942", q_precision="bf16")
-    assert amd._split.symbol == "hipmla_decode_split_mxfp4_qbf16"
+    assert amd._split.symbol == "hipmla_decode_split_gfx942_mxfp4_qbf16"  # its own fast kernel
+
+
+@pytest.mark.parametrize("arch, q_precision", [("gfx950", "fp8"), ("sm_90", "bf16"), ("sm_90", "mxfp4")])
+def test_emulate_models_the_decoders_own_kernel(monkeypatch, arch, q_precision):
+    """Decoder.emulate is emulate_decode with this decoder's schedule, tiles and Q: the
+    fast kernels' four-wave quarters (partial tiles masked), the sm_90 kernel's 32-token
+    steps, the portable kernel's 64."""
+    from hipmla.emulate import FAST_SCHEDULES, emulate_decode
+    from hipmla.inputs import make_inputs
+
+    _, dec = make(monkeypatch, arch=arch, q_precision=q_precision)
+    inp = make_inputs([300, 0, 129], "mxfp4", seed=4)
+    got = dec.emulate(inp.q, inp.kv, inp.layout)
+    kw = dict(q_precision=q_precision, q_fp8_variant=dec.fp8_variant)
+    if arch == "gfx950":
+        kw |= dict(fast_schedule=FAST_SCHEDULES["gfx950"], fast_any_length=True)
+    else:
+        kw |= dict(tile_tokens=32 if q_precision == "bf16" else 64)
+    want = emulate_decode(inp.q, inp.kv, inp.layout, dec.config.sm_scale, dec.policy, **kw)
+    assert np.array_equal(got[0].view(np.uint16), want[0].view(np.uint16))
+    other = emulate_decode(inp.q, inp.kv, inp.layout, dec.config.sm_scale, dec.policy, q_precision=q_precision,
+                           tile_tokens=16)
+    assert not np.array_equal(got[0].view(np.uint16), other[0].view(np.uint16))  # the schedule matters

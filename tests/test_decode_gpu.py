@@ -12,7 +12,6 @@ import pytest
 
 from hipmla import decode
 from hipmla.cli import REFERENCE_TOL
-from hipmla.emulate import emulate_decode
 from hipmla.formats import KV_FORMATS
 from hipmla.inputs import benchmark_shapes, make_inputs, random_cache, random_seq_lens
 from hipmla.paging import KvLayout, gather, random_page_table
@@ -101,13 +100,12 @@ def decoders():
         d.close()
 
 
-def check(dec: decode.Decoder, out, lse, q, kv, layout, seqs, what: str, q_precision: str = "bf16",
-          sm_scale: float = SM_SCALE):
-    emu_out, emu_lse = emulate_decode(q, kv, layout, sm_scale, dec.policy, q_precision=q_precision,
-                                      q_fp8_variant=dec.fp8_variant, seqs=seqs, tile_tokens=dec.tile_tokens)
+def check(dec: decode.Decoder, out, lse, q, kv, layout, seqs, what: str):
+    """Against the decoder's own emulator (tightly) and exact attention (loosely)."""
+    emu_out, emu_lse = dec.emulate(q, kv, layout, seqs=seqs)
     assert_close_to_emulator(out[seqs], lse[seqs], emu_out, emu_lse, what)
-    ref_out, ref_lse = mla_decode_reference(q, kv, layout, sm_scale, seqs=seqs)
-    assert_close_to_reference(out[seqs], lse[seqs], ref_out, ref_lse, what, q_precision)
+    ref_out, ref_lse = mla_decode_reference(q, kv, layout, dec.config.sm_scale, seqs=seqs)
+    assert_close_to_reference(out[seqs], lse[seqs], ref_out, ref_lse, what, dec.config.q_precision)
 
 
 # ----------------------------------------------------------------------------- shapes
@@ -130,9 +128,7 @@ def test_quantized_q_matches_its_emulator(decoders, q_precision):
     lens = np.array([1000, 0, 77, 4096, 129])
     inputs = make_inputs(lens, "mxfp4", seed=3, sm_scale=SM_SCALE)
     out, lse = dec.decode(inputs.q, inputs.kv, inputs.layout)
-    emu_out, emu_lse = emulate_decode(inputs.q, inputs.kv, inputs.layout, SM_SCALE, dec.policy,
-                                      q_precision=q_precision, q_fp8_variant=dec.fp8_variant,
-                                      tile_tokens=dec.tile_tokens)
+    emu_out, emu_lse = dec.emulate(inputs.q, inputs.kv, inputs.layout)
     assert_close_to_emulator(out, lse, emu_out, emu_lse, f"q {q_precision}")
 
 
@@ -386,8 +382,7 @@ def test_invalid_device_input_gives_nan_and_an_error(decoders, kind, bit):
     assert np.isnan(out[hit]).all() and np.isnan(lse[hit]).all(), kind
     ok = [s for s in range(6) if s != hit and not (kind == "decreasing indptr" and s == 4)]
     assert np.isfinite(out[ok]).all(), kind
-    emu_out, emu_lse = emulate_decode(q, pool, layout, SM_SCALE, dec.policy, seqs=[0, 2],
-                                      tile_tokens=dec.tile_tokens)
+    emu_out, emu_lse = dec.emulate(q, pool, layout, seqs=[0, 2])
     assert np.abs(out[[0, 2]] - emu_out.astype(np.float32)).max() <= 2e-2 * np.abs(emu_out.astype(np.float32)).max()
     for a in list(dev.values()) + [d_out, d_lse]:
         a.free()
