@@ -331,13 +331,13 @@ def test_the_battery_is_big_enough():
     assert len(CASES) >= 60
 
 
-def test_messages_say_what_came():
+def test_messages_say_what_came(monkeypatch):
     """The details the issue found unclear: the real value, the real type."""
     from hipmla.schedule import check_lens
 
     with pytest.raises(ValueError, match="18446744073709551615"):  # not its wrapped -1
         check_lens(np.array([2**64 - 1], np.uint64))
-    gpu = fake_runtime(pytest.MonkeyPatch(), "sm_90")
+    gpu = fake_runtime(monkeypatch, "sm_90")  # undone after the test
     with pytest.raises(TypeError) as info:
         Decoder("mxfp4", 0.1, heads="16")
     assert "'16'" in str(info.value) and "got 16 " not in str(info.value) + " "
