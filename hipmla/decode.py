@@ -154,6 +154,10 @@ def _interface(obj, name: str) -> dict | None:
         cai = obj.__cuda_array_interface__
     except AttributeError:
         cai = None
+    except TypeError:  # torch: bf16 and fp8 tensors have no typestr; their DLPack names them
+        if not callable(getattr(obj, "__dlpack__", None)):
+            raise
+        cai = None
     if cai is None and isinstance(obj, np.ndarray):
         return None  # host memory (numpy speaks DLPack too): device_ptr says what to do instead
     if cai is not None:
@@ -290,6 +294,14 @@ def _dlpack_key(obj) -> tuple:
 _KEYERS: dict[type, Callable] = {}
 
 
+def _has_interface(obj) -> bool:
+    # hasattr evaluates the property: torch raises TypeError there for bf16 and fp8 tensors
+    try:
+        return hasattr(obj, "__cuda_array_interface__")
+    except Exception:  # noqa: BLE001 - it has one, it just cannot describe this dtype
+        return True
+
+
 def buffer_key(obj):
     """What a buffer argument is — address, shape, dtype, strides — as a value that
     compares equal for any two views of the same memory, whatever the objects. A raw
@@ -303,9 +315,9 @@ def buffer_key(obj):
         if isinstance(obj, runtime.DeviceArray):
             keyer = _array_key
         elif callable(getattr(obj, "data_ptr", None)) and callable(getattr(obj, "stride", None)) \
-                and (hasattr(obj, "__cuda_array_interface__") or hasattr(obj, "__dlpack__")):
+                and (hasattr(obj, "__dlpack__") or _has_interface(obj)):
             keyer = _tensor_key  # torch (CUDA or ROCm): never the capsule on the hot path
-        elif hasattr(obj, "__cuda_array_interface__") or not hasattr(obj, "__dlpack__"):
+        elif _has_interface(obj) or not hasattr(obj, "__dlpack__"):
             keyer = _interface_key
         else:
             keyer = _dlpack_key

@@ -252,3 +252,35 @@ def test_stream_objects_of_other_libraries(monkeypatch):
     for s in (TorchStream(), CupyStream(), Protocol()):
         dec.run(**args(), stream=s)
     assert [l.stream for l in gpu.launches] == [0x1234, 0x5678, 0x9ABC]
+
+
+def test_a_tensor_without_a_typestr_falls_back_to_its_dlpack():
+    """torch raises TypeError from __cuda_array_interface__ for bf16 and fp8 tensors; the
+    same tensor's DLPack capsule names the dtype, so it is taken as it is."""
+
+    class Bf16Tensor(Producer):
+        @property
+        def __cuda_array_interface__(self):
+            raise TypeError("dtype torch.bfloat16 is not supported by the interface")
+
+    t = Bf16Tensor((2, H, D_QK), "bf16")
+    assert decode.device_ptr(t, "q", itemsize=2, shape=(2, H, D_QK), align=16) == (0x100000, (2, H, D_QK))
+
+
+def test_the_key_of_a_tensor_whose_interface_raises(monkeypatch):
+    """A torch-style bf16 tensor: its interface property raises, its key must not."""
+    decode._KEYERS.clear()
+
+    class Bf16Torch(Producer):
+        @property
+        def __cuda_array_interface__(self):
+            raise TypeError("dtype torch.bfloat16 is not supported")
+
+        def data_ptr(self):
+            return self.ptr
+
+        def stride(self):
+            return (H * D_QK, D_QK, 1)
+
+    key = decode.buffer_key(Bf16Torch((2, H, D_QK), "bf16"))
+    assert key[0] == 0x100000 and key == decode.buffer_key(Bf16Torch((2, H, D_QK), "bf16"))
