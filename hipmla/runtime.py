@@ -242,6 +242,7 @@ def _load_hip_python(selected: str) -> tuple[Any, Any]:
         raise RuntimeUnavailable(
             f"hip-python is not installed ({e}); install it with `pip install hip-python`"
         ) from e
+    point_hip_python_at_rocm_path()
     where = f"ROCM_PATH={os.environ.get('ROCM_PATH', '<unset>')}"
     try:
         (status,) = hip.hipInit(0)
@@ -255,6 +256,27 @@ def _load_hip_python(selected: str) -> tuple[Any, Any]:
             f"{getattr(status, 'name', status)} ({int(status)}). {_HOW_TO_GET_ONE}"
         )
     return hip, hiprtc
+
+
+def point_hip_python_at_rocm_path() -> None:
+    """hip-python before 10.0 (the releases of ROCm 6.4 .. 7.x) dlopens the bare names
+    ``libamdhip64.so`` / ``libhiprtc.so`` held in ``hip.chip.DLL`` / ``hip.chiprtc.DLL``,
+    read at its first call; 10.x looks ``$ROCM_PATH/lib`` up itself. So with an older
+    release, point those names at ``$ROCM_PATH/lib`` when the libraries are there (a ROCm
+    install outside the loader path, or hipmla's HIP-on-CUDA library). Call it before
+    hip-python's first call."""
+    root = os.environ.get("ROCM_PATH")
+    if not root:
+        return
+    try:  # only the releases before 10.0 have these modules
+        import hip.chip
+        import hip.chiprtc
+    except ImportError:
+        return
+    for module, name in ((hip.chip, "libamdhip64.so"), (hip.chiprtc, "libhiprtc.so")):
+        path = Path(root) / "lib" / name
+        if path.is_file():
+            module.DLL = str(path).encode()
 
 
 def available() -> bool:
@@ -767,6 +789,13 @@ class Module(_Owned):
 
 def _hip_library_path() -> str | None:
     """The HIP runtime library exactly as hip-python resolves it (its own lookup)."""
+    try:  # hip-python < 10: the name it dlopens (point_hip_python_at_rocm_path)
+        import hip.chip
+
+        name = getattr(hip.chip, "DLL", None)
+        return name.decode() if isinstance(name, bytes) else name
+    except ImportError:
+        pass
     try:
         from rocm.bindings.util.paths import get_library_path
     except ImportError:

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from hipmla import nvidia
+from hipmla import nvidia, runtime
 
 REPO = Path(__file__).resolve().parent.parent
 SOURCE_DIR = nvidia.shim_source_dir()
@@ -743,3 +743,71 @@ def test_gpu_launch_above_48k_dynamic_shared_memory(gpu_results):
 @pytest.mark.gpu
 def test_gpu_memcpy_kinds_roundtrip(gpu_results):
     assert gpu_results["roundtrip"] is True
+
+
+# --- hip-python releases: the oldest and newest that match a ROCm we support ------------------
+
+#: hip-python 6.4.0 is the first release for ROCm 6.4, 7.2.2 the newest for ROCm 7 on the
+#: registry (2026-12-01); 10.x, the bindings package, is what the rest of the tests use.
+HIP_PYTHON_RELEASES = ("6.4.0.549.36", "7.2.2.562.43")
+
+VERSIONS_SCRIPT = """
+    import json
+    import hip.chip as chip
+    from hip import hip, hiprtc
+    from hipmla import runtime
+
+    runtime.point_hip_python_at_rocm_path()  # what runtime does before hip-python's first call
+    missing = [n for n in HIP_NAMES if not hasattr(hip, n)] + [n for n in RTC_NAMES if not hasattr(hiprtc, n)]
+    missing += [n for n in ATTRS if not hasattr(hip.hipDeviceAttribute_t, n)]
+    missing += [n for n in KINDS if not hasattr(hip.hipMemcpyKind, n)]
+    status, prog = hiprtc.hiprtcCreateProgram(KERNEL.encode(), b"probe.hip", 0, [], [])
+    (status,) = hiprtc.hiprtcCompileProgram(prog, 1, [b"--offload-arch=sm_90"])
+    _, size = hiprtc.hiprtcGetCodeSize(prog)
+    code = bytearray(size)
+    hiprtc.hiprtcGetCode(prog, code)
+    print(json.dumps({"missing": missing, "dll": chip.DLL.decode(), "status": int(status),
+                      "elf": bytes(code[:4]) == b"\\x7fELF", "launcher": runtime._hip_library_path()}))
+"""
+
+
+def _runtime_names() -> dict[str, list[str]]:
+    """Every hip-python name hipmla/runtime.py uses: functions of hip and hiprtc, the device
+    attributes and the memcpy kinds."""
+    import ast
+
+    source = (Path(runtime.__file__)).read_text()
+    found: dict[str, set] = {"hip": set(), "hiprtc": set(), "names": set()}
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in found:
+            found[node.value.id].add(node.attr)
+    kinds = sorted(set(re.findall(r'"(hipMemcpy\w+To\w+)"', source)))
+    # functions only (hip.chip / hip.chiprtc are the library-name modules)
+    return {"HIP_NAMES": sorted(n for n in found["hip"] - {"hipDeviceAttribute_t", "hipMemcpyKind", "hipError_t"}
+                                if n.startswith("hip")),
+            "RTC_NAMES": sorted(found["hiprtc"]), "ATTRS": sorted(found["names"]), "KINDS": kinds}
+
+
+@needs_nvrtc
+@pytest.mark.parametrize("release", HIP_PYTHON_RELEASES)
+def test_runtime_works_with_older_hip_python_releases(shim, release, tmp_path_factory):
+    """pyproject admits hip-python >= 6.4: the releases of ROCm 6.4 and 7.x import without
+    ROCm, have every name hipmla calls, and reach hipmla's HIP-on-CUDA hiprtc through
+    ROCM_PATH once runtime points their bare library names at it."""
+    cache = Path.home() / ".cache" / "hipmla-test-wheels"
+    target = cache / f"hip-python-{release}-py{sys.version_info[0]}{sys.version_info[1]}"
+    if not (target / "hip").is_dir():
+        got = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target",
+                              str(target), f"hip-python=={release}"], capture_output=True, text=True, timeout=600)
+        if got.returncode != 0:
+            pytest.skip(f"hip-python {release} could not be installed here (no registry?): {got.stderr[-300:]}")
+    names = _runtime_names()
+    assert "hipModuleLaunchKernel" in names["HIP_NAMES"] and names["ATTRS"] and len(names["KINDS"]) == 3
+    prelude = "".join(f"{k} = {v!r}\n" for k, v in names.items()) + f"KERNEL = {PROBE_KERNEL!r}\n"
+    env = {**nvidia.shim_env(shim), "HIPMLA_LIBCUDA": MISSING_LIBCUDA,
+           "PYTHONPATH": os.pathsep.join([str(target), str(Path(__file__).resolve().parent.parent)])}
+    result = run_child(prelude + textwrap.dedent(VERSIONS_SCRIPT), env)
+    assert result["missing"] == [], result["missing"]
+    assert result["dll"] == str(shim / "lib" / "libamdhip64.so")
+    assert result["launcher"] == result["dll"]  # the ctypes launch binds what hip-python loaded
+    assert result["status"] == 0 and result["elf"]
