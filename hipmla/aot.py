@@ -695,7 +695,7 @@ def predict(counts: LoopCounts, waves_per_simd: int, batch: int, kv_len: int, *,
     benchmark's lengths are whole tiles). Per tile, each of the block's waves runs one
     loop trip on its own SIMD: MFMA and VALU cycles overlapped (low) or serial (high), the
     LDS at LDS_BYTES_PER_CLOCK per CU; blocks resident per CU share the SIMDs. Items come
-    from the real planner and are dealt longest first to the least loaded CU. Not modelled:
+    from the device schedule (hipmla.schedule) and are dealt longest first to the least loaded CU. Not modelled:
     launch latency, the per-item schedule prologue / merge, memory latency.
     ``kv_format`` sets the bytes per token (``scale_stride`` the mxfp4 scale row)."""
     from hipmla.schedule import SplitPolicy, schedule  # numpy-only; keep aot import-light

@@ -14,7 +14,7 @@ python3 -m hipmla nvidia-runtime 2>&1 | tail -1
 for step in "$@"; do
     case "$step" in
     tests)
-        timeout 450 python3 -m pytest -q -m gpu -n 8 -p no:cacheprovider tests 2>&1 | tee "$OUT/gpu_tests.log" | tail -25 ;;
+        timeout 540 python3 -m pytest -q -m gpu -n 8 -p no:cacheprovider tests 2>&1 | tee "$OUT/gpu_tests.log" | tail -25 ;;
     sanitize)
         for tool in memcheck racecheck; do
             timeout 120 compute-sanitizer --tool $tool --target-processes all python3 scripts/sanitize_case.py \

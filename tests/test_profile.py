@@ -27,10 +27,10 @@ def test_summary_lists_hipmla_kernels_first(tmp_path: Path):
         "Name,Calls,TotalDurationNs,AverageNs,Percentage\n"
         "__amd_rocclr_fillBufferAligned,20,40000,2000,10\n"
         "hipmla_decode_split_mxfp4_qbf16,20,300000,15000,80\n"
-        "hipmla_decode_combine,20,60000,3000,10\n"
+        "hipmla_decode_split_gfx950_mxfp4_qfp8,20,60000,3000,10\n"
     )
     lines = profile.summarize(csv).splitlines()
-    assert lines[1].startswith("hipmla_decode_combine")
+    assert lines[1].startswith("hipmla_decode_split_gfx950_mxfp4_qfp8")
     assert lines[2].startswith("hipmla_decode_split_mxfp4_qbf16")
     assert "15.0" in lines[2] and "300.0" in lines[2]
     assert lines[3].startswith("__amd_rocclr")
