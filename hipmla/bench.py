@@ -60,6 +60,7 @@ class BenchRow:
     gbs: float  # from the flushed median
     pct_peak: float
     pct_copy: float
+    pct_read: float | None  # of a read-only stream (torch.sum) measured in the same run; None without torch
     host_us: float  # one run() with the same buffer objects
     host_views_us: float  # one run() with new views of the same buffers
     host_raw_us: float  # one run() with raw addresses
@@ -113,6 +114,32 @@ class Timer:
         n = self.flush_buf.nbytes // 2
         t = self.time(lambda: runtime.copy_dtod(self.flush_buf.ptr + n, self.flush_buf.ptr, n), 20, False)
         return 2 * n / (statistics.median(t) * 1e-6) / 1e9
+
+
+def read_gbs(nbytes: int = 1 << 30, iters: int = 20) -> float | None:
+    """Read bandwidth of the device: ``torch.sum`` over a ``nbytes`` float32 tensor (many
+    times the L2), median of ``iters``; a decode step reads, so this, not the copy, is
+    its ceiling. None where torch or its GPU is not there."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    if not torch.cuda.is_available():
+        return None
+    x = torch.ones(nbytes // 4, dtype=torch.float32, device="cuda")
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    x.sum()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(iters):
+        start.record()
+        x.sum()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3)
+    del x
+    torch.cuda.empty_cache()
+    return nbytes / (statistics.median(times) * 1e-6) / 1e9
 
 
 def host_overhead_us(fn, calls: int = 300, args=None) -> float:
@@ -201,10 +228,12 @@ def run_bench(formats, iters: int, device: int, with_torch: bool, out_dir: Path 
     info = runtime.device_info(device)
     timer = Timer(info.l2_bytes)
     copy_gbs = timer.copy_gbs()
+    read = read_gbs()
     peak = PEAK_GBS.get(info.arch, info.peak_bandwidth_gbs)
     layout_name = f"paged, {page_size} rows a page, pages in random order" if page_size else "contiguous rows"
     print(f"hipmla bench: {info.name} ({info.arch}, {info.num_cus} CUs), peak {peak:.0f} GB/s "
-          f"(datasheet), measured device copy {copy_gbs:.0f} GB/s, cache {layout_name}, "
+          f"(datasheet), measured device copy {copy_gbs:.0f} GB/s, read "
+          f"{'-' if read is None else f'{read:.0f}'} GB/s, cache {layout_name}, "
           f"commit {git_commit()}", flush=True)
     shapes = [(s.name, s.seq_lens) for s in benchmark_shapes()] + list(ragged_mixes().items())
     if only:
@@ -253,7 +282,8 @@ def run_bench(formats, iters: int, device: int, with_torch: bool, out_dir: Path 
             gbs = moved / (med * 1e-6) / 1e9
             row = BenchRow(dec._split.symbol, fmt, name, b, int(lens.sum()), items.size, n_slots, moved,
                            statistics.median(hot), min(hot), med, min(cold), gbs, 100 * gbs / peak,
-                           100 * gbs / copy_gbs, host_same, host_views, host_raw, page_size)
+                           100 * gbs / copy_gbs, None if read is None else 100 * gbs / read,
+                           host_same, host_views, host_raw, page_size)
             rows.append(row)
             print(f"  {fmt:>5} {name:>10}: {med:9.1f} us flushed, {gbs:7.0f} GB/s "
                   f"({row.pct_peak:.1f}% of peak), host {host_same:.1f} / {host_views:.1f} / {host_raw:.1f} us "
@@ -269,13 +299,13 @@ def run_bench(formats, iters: int, device: int, with_torch: bool, out_dir: Path 
         dec.close()
     print_table(rows, peer)
     if out_dir is not None:
-        write_files(rows, peer, out_dir, info, copy_gbs, peak)
+        write_files(rows, peer, out_dir, info, copy_gbs, peak, read)
     return rows
 
 
 def print_table(rows: list[BenchRow], peer: dict[str, float]) -> None:
     head = (f"{'kv':>5} {'shape':>10} {'tokens':>8} {'items':>5} {'MB':>8} {'med_us':>9} {'min_us':>9} "
-            f"{'L2cold_us':>9} {'GB/s':>6} {'%peak':>6} {'%copy':>6} {'host_same':>9} {'host_views':>10} "
+            f"{'L2cold_us':>9} {'GB/s':>6} {'%peak':>6} {'%copy':>6} {'%read':>6} {'host_same':>9} {'host_views':>10} "
             f"{'host_raw':>8} {'torch_bf16_us':>13} {'speedup':>7}")
     print(head)
     for r in rows:
@@ -283,14 +313,16 @@ def print_table(rows: list[BenchRow], peer: dict[str, float]) -> None:
         extra = f"{t:13.1f} {t / r.flushed_median_us:7.2f}" if t is not None else f"{'-':>13} {'-':>7}"
         print(f"{r.kv_format:>5} {r.shape:>10} {r.tokens:>8} {r.n_work:>5} {r.bytes_moved / 1e6:8.1f} "
               f"{r.median_us:9.1f} {r.min_us:9.1f} {r.flushed_median_us:9.1f} {r.gbs:6.0f} "
-              f"{r.pct_peak:6.1f} {r.pct_copy:6.1f} {r.host_us:9.1f} {r.host_views_us:10.1f} "
+              f"{r.pct_peak:6.1f} {r.pct_copy:6.1f} {'-' if r.pct_read is None else f'{r.pct_read:.1f}':>6} "
+              f"{r.host_us:9.1f} {r.host_views_us:10.1f} "
               f"{r.host_raw_us:8.1f} {extra}")
 
 
-def write_files(rows, peer, out_dir: Path, info, copy_gbs: float, peak: float) -> None:
+def write_files(rows, peer, out_dir: Path, info, copy_gbs: float, peak: float, read: float | None = None) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
     meta = {"date": time.strftime("%Y-%m-%d"), "device": info.name, "arch": info.arch,
-            "commit": git_commit(), "peak_gbs": peak, "copy_gbs": copy_gbs, "torch_bf16_us": peer}
+            "commit": git_commit(), "peak_gbs": peak, "copy_gbs": copy_gbs, "read_gbs": read,
+            "torch_bf16_us": peer}
     (out_dir / "bench.json").write_text(json.dumps({"meta": meta, "rows": [asdict(r) for r in rows]}, indent=1))
     with open(out_dir / "bench.csv", "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(asdict(rows[0]).keys()))

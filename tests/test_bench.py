@@ -54,3 +54,26 @@ def test_paged_benchmark_runs(tmp_path):
     rows = bench.run_bench(("fp8",), iters=3, device=0, with_torch=False, out_dir=None,
                            only={"4x1k"}, page_size=16)
     assert rows[0].page_size == 16 and rows[0].gbs > 0
+
+
+def test_read_probe_is_none_without_a_torch_gpu(monkeypatch):
+    import builtins
+
+    real = builtins.__import__
+
+    def no_torch(name, *a, **k):
+        if name == "torch":
+            raise ImportError("no torch here")
+        return real(name, *a, **k)
+
+    monkeypatch.setattr(builtins, "__import__", no_torch)
+    assert bench.read_gbs() is None
+
+
+def test_table_prints_rows_with_and_without_the_read_probe(capsys):
+    common = dict(kernel="k", kv_format="mxfp4", shape="4x1k", batch=4, tokens=4096, n_work=16, n_slots=0,
+                  bytes_moved=1000, median_us=2.0, min_us=1.0, flushed_median_us=2.0, flushed_min_us=1.0,
+                  gbs=0.5, pct_peak=1.0, pct_copy=2.0, host_us=5.0, host_views_us=6.0, host_raw_us=4.0)
+    bench.print_table([bench.BenchRow(**common, pct_read=3.5), bench.BenchRow(**common, pct_read=None)], {})
+    out = capsys.readouterr().out.splitlines()
+    assert "%read" in out[0] and "3.5" in out[1] and " - " in out[2]
