@@ -119,6 +119,12 @@ def _check_choice(value: str, name: str, allowed: tuple[str, ...]) -> str:
     return value
 
 
+def _specialisation(kv_format: str, q_precision: str) -> tuple[tuple[str, str], ...]:
+    """The ``-D`` defines every decode kernel takes (hip_src/common/config.h codes)."""
+    return (("HIPMLA_KV_FORMAT", str(FORMAT_CODES[kv_format])),
+            ("HIPMLA_Q_PRECISION", str(FORMAT_CODES[q_precision])))
+
+
 def split_kernel(kv_format: str, q_precision: str) -> KernelSpec:
     """The split-KV kernel for a cache format and a Q precision."""
     _check_choice(kv_format, "kv_format", KV_FORMATS)
@@ -126,10 +132,7 @@ def split_kernel(kv_format: str, q_precision: str) -> KernelSpec:
     return KernelSpec(
         symbol=f"hipmla_decode_split_{kv_format}_q{q_precision}",
         source=SPLIT_SOURCE,
-        defines=(
-            ("HIPMLA_KV_FORMAT", str(FORMAT_CODES[kv_format])),
-            ("HIPMLA_Q_PRECISION", str(FORMAT_CODES[q_precision])),
-        ),
+        defines=_specialisation(kv_format, q_precision),
         block_threads=BLOCK_THREADS,
         dynamic_shared_bytes=0,
     )
@@ -155,10 +158,7 @@ def fast_split_kernel(arch: str, kv_format: str, q_precision: str) -> KernelSpec
     return KernelSpec(
         symbol=f"hipmla_decode_split_{processor}_{kv_format}_q{q_precision}",
         source=FAST_SOURCES[processor],
-        defines=(
-            ("HIPMLA_KV_FORMAT", str(FORMAT_CODES[kv_format])),
-            ("HIPMLA_Q_PRECISION", str(FORMAT_CODES[q_precision])),
-        ),
+        defines=_specialisation(kv_format, q_precision),
         block_threads=BLOCK_THREADS,
         dynamic_shared_bytes=0,
         archs=(processor,),
@@ -266,10 +266,7 @@ def sm90_split_kernel(kv_format: str) -> KernelSpec:
     return KernelSpec(
         symbol=f"hipmla_decode_split_sm90_{kv_format}_qbf16",
         source=SM90_SOURCE,
-        defines=(
-            ("HIPMLA_KV_FORMAT", str(FORMAT_CODES[kv_format])),
-            ("HIPMLA_Q_PRECISION", str(FORMAT_CODES["bf16"])),
-        ),
+        defines=_specialisation(kv_format, "bf16"),
         block_threads=SM90_THREADS,
         dynamic_shared_bytes=sm90_shared_bytes(kv_format),
         archs=("sm_90",),

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from test_decode import ADDR, D_QK, D_V, H, FakeCAI, args, fake_runtime, make, paged
 
-from hipmla import Decoder, decode, formats, paging, reference, schedule
+from hipmla import Decoder, decode, formats, schedule
 from hipmla.emulate import emulate_decode
 from hipmla.formats import KVCache, fp8_quantize, mxfp4_quantize, quantize_kv
 from hipmla.paging import KvLayout, random_page_table
