@@ -157,6 +157,26 @@ def host_overhead_us(fn, calls: int = 300, args=None) -> float:
     return statistics.median(samples)
 
 
+def host_figures(dec: Decoder, bufs: dict, extra: dict, views: list[dict], calls: int = 300) \
+        -> tuple[float, float, float]:
+    """Median host time (us) of one ``dec.run`` three ways: the same ``bufs`` objects every
+    step, ``views[i]`` (new objects over the same buffers) at step ``i``, and raw addresses
+    (with the ``batch`` and ``kv_scale_stride`` a raw q and scale need). ``bufs`` are
+    :class:`runtime.DeviceArray` s by ``run`` keyword; ``extra`` the other keywords."""
+    scale = bufs.get("kv_scale")
+    raw = {k: (v.ptr if v is not None else None) for k, v in bufs.items()}
+    raw.update(batch=bufs["q"].shape[0], kv_scale_stride=None if scale is None else scale.shape[1])
+
+    def call(args=bufs):
+        dec.run(**args, **extra)
+
+    def call_raw():
+        dec.run(**raw, **extra)
+
+    return host_overhead_us(call, calls), host_overhead_us(call, calls, args=views), \
+        host_overhead_us(call_raw, calls)
+
+
 class _View:
     """A new interface object over the same memory, as a caller without torch makes."""
 
@@ -261,20 +281,13 @@ def run_bench(formats, iters: int, device: int, with_torch: bool, out_dir: Path 
             bufs["lse"] = runtime.DeviceArray((b, 16), np.float32)
             extra = dict(page_size=layout.page_size, fp8_scale=kv.fp8_scale if fmt == "fp8" else None)
 
-            def call(args=bufs):
-                dec.run(**args, **extra)
-
-            raw = {k: (v.ptr if v is not None else None) for k, v in bufs.items()}
-
-            def call_raw():
-                dec.run(**raw, **extra, batch=b, kv_scale_stride=stride or None)
+            def call():
+                dec.run(**bufs, **extra)
 
             hot = timer.time(call, iters, flush=False)
             cold = timer.time(call, iters, flush=True)
-            host_same = host_overhead_us(call)
             views = fresh_views(bufs, 300)
-            host_views = host_overhead_us(call, args=views)
-            host_raw = host_overhead_us(call_raw)
+            host_same, host_views, host_raw = host_figures(dec, bufs, extra, views)
             items = schedule(lens, dec.policy)
             n_slots = int((items.n_items > 1).sum())
             moved = bytes_moved(fmt, int(lens.sum()), b, stride, n_slots, page_size=page_size)

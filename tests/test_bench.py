@@ -76,3 +76,23 @@ def test_table_prints_rows_with_and_without_the_read_probe(capsys):
     bench.print_table([bench.BenchRow(**common, pct_read=3.5), bench.BenchRow(**common, pct_read=None)], {})
     out = capsys.readouterr().out.splitlines()
     assert "%read" in out[0] and "3.5" in out[1] and " - " in out[2]
+
+
+def test_cpu_host_bench_times_every_path_and_undoes_its_stub():
+    """scripts/host_bench.py: the host figures with the runtime stubbed (no GPU). Only
+    that it runs every path and leaves the runtime as it was; its times are not judged."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "scripts" / "host_bench.py"
+    spec = importlib.util.spec_from_file_location("host_bench", path)
+    host_bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(host_bench)
+    before = {name: getattr(bench.runtime, name) for name in ("device_info", "load_kernel", "_c_launch")}
+    with host_bench.stubbed_runtime():
+        lines = host_bench.host_table("mxfp4", calls=3, rounds=1)
+    assert {name: getattr(bench.runtime, name) for name in before} == before
+    rows = [line.split() for line in lines[2:]]
+    assert [(r[0], r[1]) for r in rows] == [("contiguous", "4"), ("contiguous", "256"), ("paged", "4"),
+                                            ("paged", "256")]
+    assert all(float(x) > 0 for r in rows for x in r[2:])
