@@ -43,14 +43,15 @@ class Sm90Kernel:
     own partial scratch and counters, launched with a DecodeParams filled the way
     hipmla.decode.Decoder._prepare fills it (fast_tile = 0)."""
 
-    def __init__(self, kv_format: str, sm_scale: float, max_batch: int, portable: bool = False):
+    def __init__(self, kv_format: str, sm_scale: float, max_batch: int, portable: bool = False,
+                 policy: SplitPolicy | None = None):
         info = runtime.device_info(0)
         self.spec = (kernels.split_kernel(kv_format, "bf16") if portable
                      else kernels.sm90_split_kernel(kv_format))
         if not portable and not self.spec.builds_for(info.arch):
             raise RuntimeError(f"the sm_90 kernel needs an sm_90 device, this one is {info.arch}")
         self.fn = runtime.load_kernel(self.spec, info.arch)
-        self.policy = SplitPolicy.for_device(info.num_cus)
+        self.policy = policy or SplitPolicy.for_device(info.num_cus)
         self.kv_format = kv_format
         slots = self.policy.max_items(max_batch)
         acc = slots * kernels.HEADS * kernels.D_V * 4
@@ -170,16 +171,27 @@ def main() -> int:
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--no-ragged", action="store_true")
     ap.add_argument("--no-timing", action="store_true")
+    ap.add_argument("--no-portable", action="store_true", help="time the sm_90 kernel only")
+    ap.add_argument("--shapes", default=None, help="comma-separated benchmark shapes (default: all)")
+    ap.add_argument("--min-split", default=None,
+                    help="comma-separated split_min_tokens to time side by side (align = min(128, value))")
     args = ap.parse_args()
+    num_cus = runtime.device_info(0).num_cus
+    policies = [SplitPolicy.for_device(num_cus)]
+    if args.min_split:
+        policies = [SplitPolicy(target_items=2 * num_cus, min_split_tokens=int(v), align_tokens=min(128, int(v)))
+                    for v in args.min_split.split(",")]
     sm_scale = 1 / 576 ** 0.5
     failures = 0
     print(f"device: {runtime.device_info(0).name} ({runtime.device_info(0).arch}, "
           f"{runtime.device_info(0).num_cus} SMs)")
     for fmt in args.formats:
         for shape in benchmark_shapes():
+            if args.shapes and shape.name not in args.shapes.split(","):
+                continue
             inputs = make_inputs(shape.seq_lens, fmt, seed=shape.batch + shape.kv_len, sm_scale=sm_scale)
             b = inputs.batch
-            fast = Sm90Kernel(fmt, sm_scale, b)
+            fast = Sm90Kernel(fmt, sm_scale, b, policy=policies[0])
             out, lse = run_once(fast, inputs.q, inputs.kv, inputs.layout)
             r = compare(out, lse, inputs.q, inputs.kv, inputs.layout, sm_scale, fast.policy,
                         sample(inputs.seq_lens, 4))
@@ -187,21 +199,25 @@ def main() -> int:
             line = (f"{fmt:5s} {shape.name:8s} emu {'ok ' if r['ok'] else 'BAD'} bad {r['bad']} "
                     f"max_abs {r['max_abs']:.2e} bitexact {r['bitexact']:.4f} lse {r['lse']:.1e}")
             if not args.no_timing:
-                portable = Sm90Kernel(fmt, sm_scale, b, portable=True)
                 dev = upload(inputs.q, inputs.kv, inputs.layout)
                 d_out = runtime.DeviceArray((b, 16, 512), np.uint16)
                 d_lse = runtime.DeviceArray((b, 16), np.float32)
-                t_fast = time_launch(fast.bind(dev, b, 1, inputs.kv.fp8_scale, d_lse.ptr, d_out.ptr), args.iters)
-                t_port = time_launch(portable.bind(dev, b, 1, inputs.kv.fp8_scale, d_lse.ptr, d_out.ptr),
-                                     max(3, args.iters // 4))
                 tokens = int(inputs.seq_lens.sum())
                 nbytes = tokens * inputs.kv.bytes_per_token + b * 16 * 576 * 2 + b * 16 * 512 * 2
-                line += (f" | sm90 {t_fast:8.1f} us {nbytes / t_fast / 1e3:7.0f} GB/s"
-                         f" | portable {t_port:8.1f} us {nbytes / t_port / 1e3:7.0f} GB/s"
-                         f" | x{t_port / t_fast:.1f}")
+                for pol in policies:
+                    k = fast if pol is policies[0] else Sm90Kernel(fmt, sm_scale, b, policy=pol)
+                    t = time_launch(k.bind(dev, b, 1, inputs.kv.fp8_scale, d_lse.ptr, d_out.ptr), args.iters)
+                    line += f" | sm90 min{pol.min_split_tokens} {t:7.1f} us {nbytes / t / 1e3:5.0f} GB/s"
+                    if k is not fast:
+                        k.close()
+                if not args.no_portable:
+                    portable = Sm90Kernel(fmt, sm_scale, b, portable=True)
+                    t_port = time_launch(portable.bind(dev, b, 1, inputs.kv.fp8_scale, d_lse.ptr, d_out.ptr),
+                                         max(3, args.iters // 4))
+                    line += f" | portable {t_port:8.1f} us {nbytes / t_port / 1e3:7.0f} GB/s"
+                    portable.close()
                 for a in list(dev.values()) + [d_out, d_lse]:
                     a.free()
-                portable.close()
             print(line, flush=True)
             fast.close()
         if args.no_ragged:

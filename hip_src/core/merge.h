@@ -50,7 +50,10 @@ HIPMLA_DEVICE void merge_partials(const MlaDecodeParams& p, const WorkItem& it) 
     const int s1 = it.first_slot + it.n_items;
     const float neg_inf = f32_from_bits(0xff800000u);
 
+    // The slot loops are unrolled so several slots' loads are in flight at once: a merge
+    // is otherwise a chain of L2 round trips, one per slot.
     float big_m = neg_inf;
+#pragma unroll 4
     for (int s = s0; s < s1; ++s) {
         const float m = load_coherent(p.part_ml + ((long long)s * HEADS + h) * 2);
         big_m = m > big_m ? m : big_m;
@@ -65,6 +68,7 @@ HIPMLA_DEVICE void merge_partials(const MlaDecodeParams& p, const WorkItem& it) 
         for (int e = 0; e < VEC; ++e) acc[k][e] = 0.0f;
     }
     float big_l = 0.0f;
+#pragma unroll 2
     for (int s = s0; s < s1; ++s) {
         const float* ml = p.part_ml + ((long long)s * HEADS + h) * 2;
         const float w = exp2_f32(load_coherent(ml) - shift);

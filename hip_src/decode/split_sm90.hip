@@ -37,7 +37,10 @@
 // Copies: a ring of STAGES tiles (bf16 2, fp8 4, mxfp4 6) filled by cp.async.cg (16 B, with
 // zero fill for rows past the item) one ring ahead; thread (row tid / 8, chunk tid % 8 + 8k)
 // reads one page-table entry per tile through kv_rows().row(). MXFP4 E8M0 bytes are read
-// with plain loads one ring ahead and stored as bf16x2 multipliers at the end of the tile.
+// with plain loads one ring ahead and stored as bf16x2 multipliers one tile later (a whole
+// tile of math hides their latency; the prologue has all its tiles' bytes in flight at once).
+// Barriers per tile: fp8 / mxfp4 (EARLY_WAIT) 2 -- the wait for tile + 1 sits before the
+// softmax -> P.V barrier, which then also publishes the next stage; bf16 (2 stages) 3.
 // Dynamic shared memory: sizeof(Smem) = hipmla.kernels.sm90_shared_bytes(kv_format)
 // (the kernel traps if it gets less).
 //
@@ -61,15 +64,19 @@
 // Shared memory is dynamic (the stages do not fit 48 KiB); registers: __launch_bounds__
 // (256, 2) -- two blocks, 16 warps per SM.
 //
-// Budget (nvcc 13.0 / ptxas, sm_90): registers bf16 126, fp8 127, mxfp4 128 (147 unbounded),
-// no stack, no spills; dynamic shared memory 96,496 / 95,504 / 90,832 B. Tile loop in SASS,
-// per warp per 32-token tile (the 32-FMUL rescale, usually skipped, included): bf16 304,
-// fp8 446, mxfp4 520 instructions, i.e. x 8 warps / 32 tokens = 76 / 112 / 130 warp-
-// instructions per token, of which 9 HMMA + 8 MOVM; mxfp4's K dequant is ~45 of them.
-// First H200 run (2026-12-01, scripts/sm90_trial.py, no L2 flush): every benchmark shape
-// and the ragged paged tests match the emulator (0 outputs outside 2 bf16 ulps); 256 x 8k
-// bf16 648 us (3.7 TB/s, memory-bound), fp8 593 us (2.1 TB/s), mxfp4 570 us (1.16 TB/s:
-// issue-bound, IPC ~1.7); 4 x 1k ~35 us in every format (a per-item latency floor).
+// Budget (nvcc 13.0 / ptxas, sm_90): registers 128 in every format (the cap of 2 blocks per
+// SM), no stack, no spills; dynamic shared memory 96,496 / 95,504 / 90,832 B. Tile loop in
+// SASS, per warp per 32-token tile (the 32-FMUL rescale, usually skipped, included): bf16
+// 294, fp8 440, mxfp4 522 instructions, i.e. x 8 warps / 32 tokens = 74 / 110 / 130 warp-
+// instructions per token, of which 9 HMMA + 8 MOVM; mxfp4's K dequantization (shifts, lop3,
+// bf16x2 multiplies) is ~200 of the 522.
+// Measured on the H200 (2026-12-01, Nsight Compute, mxfp4 64 x 8k, 156 us): issue-bound at
+// 128 registers -- 2 blocks = 16 warps per SM (3.7 active warps per scheduler, 0.9 eligible),
+// IPC 1.98 of 4, issue slots 45% busy; per issued instruction a warp waits 1.5 cycles on
+// fixed-latency dependencies, 0.8 on shared-memory / MOVM results, 0.6 on MIO throttle, 0.6
+// on the math pipes, 0.5 on global loads and 0.45 at barriers. 4 x 1k (~35 us in every
+// format) is a latency chain: one block per item, ~3.5 us per tile at 13 cycles per
+// instruction, then the merge.
 #include "params.h"
 #include "common/config.h"
 #include "common/numerics.h"
@@ -120,6 +127,9 @@ constexpr int ROW_STRIDE = KV == FORMAT_BF16 ? ROW_BYTES + 16 : ROW_BYTES;
 constexpr int CHUNKS = ROW_BYTES / 16;
 constexpr int SCALES = D_QK / MX_BLOCK;             // 18 E8M0 per row
 constexpr int STAGES = KV == FORMAT_BF16 ? 2 : FP8 ? 4 : 6;
+// With 4+ stages the wait for tile + 1 moves to the barrier before P.V (2 barriers a tile);
+// bf16's 2 stages keep it at the top of the loop, a whole tile after the copies were issued.
+constexpr bool EARLY_WAIT = STAGES >= 4;
 constexpr int QSHIFT = MXFP4 ? 64 : 0;              // Q' = Q * 2^QSHIFT, K' = K * 2^-QSHIFT
 constexpr int RED_STRIDE = 40;                      // floats per (warp, head) row of red
 constexpr int PRODUCER_ROWS = THREADS / 8;          // one row per 8 threads
@@ -273,30 +283,54 @@ extern "C" __global__ void __launch_bounds__(hipmla::sm90k::THREADS, 2) HIPMLA_S
             for (int e = 0; e < 4; ++e) o[kk][r][e] = 0.0f;
 
     // The schedule's scan lives in red: every thread is past it (schedule_item syncs).
-#pragma unroll 1
-    for (int s = 0; s < STAGES - 1; ++s) {
-        issue_tile(s);
-        if (MXFP4) {
-            load_scales(s);
-            store_scales(s);
+    // Prologue: the first STAGES - 1 tiles; their E8M0 bytes are all in flight before the
+    // first is stored (one memory latency, not STAGES - 1).
+    {
+        unsigned pro[STAGES - 1][SCALE_SLOTS];
+#pragma unroll
+        for (int s = 0; s < STAGES - 1; ++s) {
+            issue_tile(s);
+            if (MXFP4) {
+                load_scales(s);
+#pragma unroll
+                for (int k = 0; k < SCALE_SLOTS; ++k) pro[s][k] = scale_bytes[k];
+            }
         }
+        if (MXFP4) {
+#pragma unroll
+            for (int s = 0; s < STAGES - 1; ++s) {
+#pragma unroll
+                for (int k = 0; k < SCALE_SLOTS; ++k) scale_bytes[k] = pro[s][k];
+                store_scales(s);
+            }
+        }
+    }
+    if (EARLY_WAIT) {  // tile 0's copies, made visible by the sync below
+        cp_async_wait<STAGES - 2>();
+        block_sync();
     }
 
 #pragma unroll 1
     for (int tile = 0; tile < n_tiles; ++tile) {
-        cp_async_wait<STAGES - 2>();
-        block_sync();  // tile's copies visible; the previous tile's reads of red/pfrag and its stage are done
+        if (!EARLY_WAIT) {
+            cp_async_wait<STAGES - 2>();
+            block_sync();  // tile's copies visible; the previous tile's reads of red/pfrag and its stage are done
+        }
+        // The bytes loaded one tile ago go to their stage (last read by Q.K of tile - 2);
+        // this tile's loads have a whole tile to land.
+        if (MXFP4 && tile > 0) store_scales(tile + STAGES - 2);
         issue_tile(tile + STAGES - 1);
         if (MXFP4) load_scales(tile + STAGES - 1);
         const Stage& st = sm.stage[tile % STAGES];
 
         // ---- Q.K over the warp's dims; K' fragments kept for P.V
         unsigned kf[NTILES][KSTEPS][2];
+        unsigned kr[NTILES];
 #pragma unroll
         for (int j = 0; j < NTILES; ++j) {
             const int srow = 8 * j + g;
             const unsigned char* row = st.kv + srow * ROW_STRIDE;
-            unsigned kr;
+            unsigned krj;
             if (KV == FORMAT_BF16) {
                 const u32x4* src = reinterpret_cast<const u32x4*>(row + 2 * (V_DIMS * warp + 16 * t));
                 const u32x4 v0 = src[0], v1 = src[1];
@@ -306,7 +340,7 @@ extern "C" __global__ void __launch_bounds__(hipmla::sm90k::THREADS, 2) HIPMLA_S
                     kf[j][kk][0] = wv[2 * kk];
                     kf[j][kk][1] = wv[2 * kk + 1];
                 }
-                kr = *reinterpret_cast<const unsigned*>(row + 2 * (D_V + ROPE_DIMS * warp + 2 * t));
+                krj = *reinterpret_cast<const unsigned*>(row + 2 * (D_V + ROPE_DIMS * warp + 2 * t));
             } else if (FP8) {
                 const u32x4 v = *reinterpret_cast<const u32x4*>(row + V_DIMS * warp + 16 * t);
                 const unsigned wv[4] = {v.x, v.y, v.z, v.w};
@@ -320,7 +354,7 @@ extern "C" __global__ void __launch_bounds__(hipmla::sm90k::THREADS, 2) HIPMLA_S
                 const unsigned h2 = *reinterpret_cast<const unsigned short*>(row + D_V + ROPE_DIMS * warp + 2 * t);
                 unsigned w2[2];
                 e4m3x4_to_bf16x2_scaled_down(__byte_perm(h2, 0u, 0x4140), w2);
-                kr = mul_bf16x2(w2[0], BF16X2_2P120);
+                krj = mul_bf16x2(w2[0], BF16X2_2P120);
             } else {
                 const u32x2 v = *reinterpret_cast<const u32x2*>(row + (V_DIMS * warp + 16 * t) / 2);
                 const unsigned mv = st.mult[srow * SCALES + 2 * warp + (t >> 1)];
@@ -333,14 +367,26 @@ extern "C" __global__ void __launch_bounds__(hipmla::sm90k::THREADS, 2) HIPMLA_S
 #pragma unroll
                     for (int i = 0; i < 4; ++i) kf[j][2 * k + (i >> 1)][i & 1] = mul_bf16x2(w4[i], mv);
                 }
-                kr = mul_bf16x2(e2m1x2_to_bf16x2_scaled_down(row[(D_V + ROPE_DIMS * warp) / 2 + t]), mr);
+                krj = mul_bf16x2(e2m1x2_to_bf16x2_scaled_down(row[(D_V + ROPE_DIMS * warp) / 2 + t]), mr);
             }
-            float s[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            kr[j] = krj;
+        }
+        // The n-tiles' accumulator chains interleaved: 4 independent mma in flight, not 1.
+        float s[NTILES][4];
 #pragma unroll
-            for (int kk = 0; kk < KSTEPS; ++kk) mma_bf16_16816(s, qa[kk], kf[j][kk][0], kf[j][kk][1]);
-            mma_bf16_1688(s, qr[0], qr[1], kr);
-            *reinterpret_cast<f32x2*>(&sm.x.red[warp][g][8 * j + 2 * t]) = f32x2{s[0], s[1]};
-            *reinterpret_cast<f32x2*>(&sm.x.red[warp][g + 8][8 * j + 2 * t]) = f32x2{s[2], s[3]};
+        for (int j = 0; j < NTILES; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) s[j][e] = 0.0f;
+#pragma unroll
+        for (int kk = 0; kk < KSTEPS; ++kk)
+#pragma unroll
+            for (int j = 0; j < NTILES; ++j) mma_bf16_16816(s[j], qa[kk], kf[j][kk][0], kf[j][kk][1]);
+#pragma unroll
+        for (int j = 0; j < NTILES; ++j) mma_bf16_1688(s[j], qr[0], qr[1], kr[j]);
+#pragma unroll
+        for (int j = 0; j < NTILES; ++j) {
+            *reinterpret_cast<f32x2*>(&sm.x.red[warp][g][8 * j + 2 * t]) = f32x2{s[j][0], s[j][1]};
+            *reinterpret_cast<f32x2*>(&sm.x.red[warp][g + 8][8 * j + 2 * t]) = f32x2{s[j][2], s[j][3]};
         }
         block_sync();
 
@@ -374,6 +420,9 @@ extern "C" __global__ void __launch_bounds__(hipmla::sm90k::THREADS, 2) HIPMLA_S
             sm.pfrag[step][dst_lane][dst_reg] = pp;
             if (su == 0) sm.alpha[sh] = alpha;
         }
+        // EARLY_WAIT: the next tile's copies are made visible by this barrier too (the
+        // stage it refills was last read by Q.K of tile - 1), so a tile costs 2 barriers.
+        if (EARLY_WAIT) cp_async_wait<STAGES - 2>();
         block_sync();
 
         // ---- P.V over the warp's 64 columns: V = movmatrix.trans of the K' fragments
@@ -402,7 +451,6 @@ extern "C" __global__ void __launch_bounds__(hipmla::sm90k::THREADS, 2) HIPMLA_S
                                        movmatrix_trans(kf[2 * step + 1][kk][r]));
             }
         }
-        if (MXFP4) store_scales(tile + STAGES - 1);
     }
 
     // ---- the item's state: m, l of head sh; O of heads g, g + 8
