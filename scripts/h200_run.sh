@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # What one device call runs on the NVIDIA H200 (see README, "NVIDIA platform").
-#   scripts/h200_run.sh tests|check|bench   — logs go to $OUT (default ./out)
+#   scripts/h200_run.sh tests|check|bench|soak   — logs go to $OUT (default ./out)
 set -uo pipefail
 OUT=${OUT:-out}
 mkdir -p "$OUT"
@@ -25,5 +25,7 @@ for step in "$@"; do
         timeout 400 python3 -m hipmla check --format all --sample 8 2>/dev/null | tee "$OUT/check.txt" ;;
     bench)
         timeout 500 python3 -m hipmla bench --iters 50 --out "$OUT" 2>"$OUT/bench_progress.log" | tee "$OUT/bench.txt" ;;
+    soak)
+        timeout 200 python3 scripts/soak.py --out "$OUT"; echo "soak rc=$?" ;;
     esac
 done
