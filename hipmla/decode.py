@@ -25,6 +25,7 @@ one stream at a time: two steps in flight at once on two streams would share the
 from __future__ import annotations
 
 import ctypes
+import operator
 import time
 from dataclasses import dataclass
 from typing import Callable
@@ -265,6 +266,10 @@ def _check_dlpack_device(dev_type: int, name: str) -> None:
 
 
 # ----------------------------------------------------------------------------- argument keys
+# A key is what a buffer argument is (address, shape, dtype, strides), computed each step
+# by a keyer chosen once per type. Keys of different keyers never compare equal: raw
+# addresses (ints and numpy integers alike) are ints, None is None, the tuples differ in
+# length or in what they start with (an int for tensors, a type otherwise).
 
 
 def _tensor_key(obj) -> tuple:
@@ -274,8 +279,9 @@ def _tensor_key(obj) -> tuple:
     return (obj.data_ptr(), obj.shape, obj.dtype, obj.stride())
 
 
-def _array_key(obj) -> tuple:
-    return (type(obj), obj.ptr, obj.shape, obj.dtype)
+#: hipmla's own arrays: their fields, read in one C call (the class first: a subclass
+#: may describe its memory otherwise).
+_array_key = operator.attrgetter("__class__", "ptr", "shape", "dtype")
 
 
 def _interface_key(obj) -> tuple:
@@ -291,9 +297,6 @@ def _dlpack_key(obj) -> tuple:
     return (type(obj), d["data"], d["shape"], d["typestr"], d["strides"], d["dlpack_device"])
 
 
-_KEYERS: dict[type, Callable] = {}
-
-
 def _has_interface(obj) -> bool:
     # hasattr evaluates the property: torch raises TypeError there for bf16 and fp8 tensors
     try:
@@ -302,28 +305,43 @@ def _has_interface(obj) -> bool:
         return True
 
 
+def _choose_keyer(obj) -> Callable:
+    if isinstance(obj, np.integer):
+        return int  # a raw address as numpy hands it out
+    if isinstance(obj, runtime.DeviceArray):
+        return _array_key
+    if callable(getattr(obj, "data_ptr", None)) and callable(getattr(obj, "stride", None)) \
+            and (hasattr(obj, "__dlpack__") or _has_interface(obj)):
+        return _tensor_key  # torch (CUDA or ROCm): never the capsule on the hot path
+    if _has_interface(obj) or not hasattr(obj, "__dlpack__"):
+        return _interface_key  # (raises for what is no buffer at all)
+    return _dlpack_key
+
+
+def _first_key(obj):
+    """The key of the first object of its type, whose keyer is chosen from it and kept."""
+    keyer = _KEYERS[type(obj)] = _choose_keyer(obj)
+    return keyer(obj)
+
+
+class _Keyers(dict):
+    """Keyer by type; a type not seen yet gets :func:`_first_key`."""
+
+    def __missing__(self, cls: type) -> Callable:
+        return _first_key
+
+
+_KEYERS: dict[type, Callable] = _Keyers()
+
+
 def buffer_key(obj):
     """What a buffer argument is — address, shape, dtype, strides — as a value that
     compares equal for any two views of the same memory, whatever the objects. A raw
-    address and None are their own key."""
-    if type(obj) is int or obj is None:
+    address and None are their own key. ``Decoder.run`` computes the same keys inline."""
+    if obj is None or type(obj) is int:
         return obj
-    if isinstance(obj, np.integer):  # a raw address as numpy hands it out
-        return int(obj)
-    keyer = _KEYERS.get(type(obj))
-    if keyer is None:
-        if isinstance(obj, runtime.DeviceArray):
-            keyer = _array_key
-        elif callable(getattr(obj, "data_ptr", None)) and callable(getattr(obj, "stride", None)) \
-                and (hasattr(obj, "__dlpack__") or _has_interface(obj)):
-            keyer = _tensor_key  # torch (CUDA or ROCm): never the capsule on the hot path
-        elif _has_interface(obj) or not hasattr(obj, "__dlpack__"):
-            keyer = _interface_key
-        else:
-            keyer = _dlpack_key
-        _KEYERS[type(obj)] = keyer
     try:
-        return keyer(obj)
+        return _KEYERS[type(obj)](obj)
     except Exception:  # noqa: BLE001 - not a buffer: the full check will say what it is
         return (object(),)
 
@@ -401,7 +419,7 @@ class Decoder:
         self._params.split_align = self.policy.align_tokens
         self._params.fast_tile = self.policy.fast_tile
         self._last_key: tuple | None = None  # arguments of the last run, already resolved
-        self._launches: list[Callable[[], None]] = []
+        self._launch: Callable[[], None] | None = None  # the launch _last_key was built for
         self.reserve(max_batch)
 
     # -- capacity -------------------------------------------------------------------
@@ -481,23 +499,36 @@ class Decoder:
         go straight to the launch. ``batch`` is needed when ``q`` is a raw address.
         """
         runtime.use_device(self.device.index)
-        # The hot path: one key of what the arguments are, compared with the last one.
+        s = self.stream if stream is None else stream
+        # The hot path: one key of what the arguments are, compared with the last one:
+        # buffer_key written out per argument (a call each costs more than most keys).
         # Scalars by type and value: 24.0 or True must not pass because 24 or 1 passed before.
-        k = buffer_key
-        key = (k(q), k(kv), k(kv_indptr), k(out), k(kv_indices), k(kv_last_page_len), k(kv_scale), k(lse),
-               type(page_size), page_size, type(fp8_scale), fp8_scale, type(kv_scale_stride), kv_scale_stride,
-               type(batch), batch, self.stream if stream is None else stream)
-        if key != self._last_key:
+        keyers = _KEYERS
+        try:
+            key = (q if q is None or type(q) is int else keyers[type(q)](q),
+                   kv if kv is None or type(kv) is int else keyers[type(kv)](kv),
+                   kv_indptr if kv_indptr is None or type(kv_indptr) is int else keyers[type(kv_indptr)](kv_indptr),
+                   out if out is None or type(out) is int else keyers[type(out)](out),
+                   kv_indices if kv_indices is None or type(kv_indices) is int
+                   else keyers[type(kv_indices)](kv_indices),
+                   kv_last_page_len if kv_last_page_len is None or type(kv_last_page_len) is int
+                   else keyers[type(kv_last_page_len)](kv_last_page_len),
+                   kv_scale if kv_scale is None or type(kv_scale) is int else keyers[type(kv_scale)](kv_scale),
+                   lse if lse is None or type(lse) is int else keyers[type(lse)](lse),
+                   type(page_size), page_size, type(fp8_scale), fp8_scale, type(kv_scale_stride), kv_scale_stride,
+                   type(batch), batch, s)
+        except Exception:  # noqa: BLE001 - an argument that is no buffer: the full check refuses it
+            key = None
+        if key is None or key != self._last_key:
             self._last_key = None
             self._prepare(q, kv, kv_indptr, out, kv_indices, kv_last_page_len, page_size, kv_scale, lse,
-                          fp8_scale, kv_scale_stride, batch, check_stream(key[-1]))
+                          fp8_scale, kv_scale_stride, batch, check_stream(s))
             self._last_key = key
-        for launch in self._launches:
-            launch()
+        self._launch()
 
     def _prepare(self, q, kv, kv_indptr, out, kv_indices, kv_last_page_len, page_size, kv_scale, lse,
                  fp8_scale, kv_scale_stride, batch, stream) -> None:
-        """Validate every argument and build the launches."""
+        """Validate every argument and build the launch."""
         cfg = self.config
         h, fmt = cfg.heads, cfg.kv_format
         p = self._params
@@ -557,8 +588,8 @@ class Decoder:
         grid = kernels.grid_decode(self.policy.max_items(b))
         # The launch gets its own copy of the parameters (the struct is read when a
         # launch is enqueued; a copy per launch keeps later edits of self._params out).
-        self._launches = [self._split_fn.bind(type(p).from_buffer_copy(p)).prepare(
-            grid, (self._split.block_threads, 1, 1), self._split.dynamic_shared_bytes, stream)]
+        self._launch = self._split_fn.bind(type(p).from_buffer_copy(p)).prepare(
+            grid, (self._split.block_threads, 1, 1), self._split.dynamic_shared_bytes, stream)
 
     def check_errors(self) -> None:
         """Raise :class:`DeviceInputError` if a step since the last check found invalid
@@ -610,7 +641,7 @@ class Decoder:
             return out.to_host().view(ml_dtypes.bfloat16), lse.to_host()
         finally:
             self._last_key = None
-            self._launches = []
+            self._launch = None
             for a in bufs + [out, lse] + ([scale] if scale is not None else []):
                 a.free()
 
@@ -627,7 +658,7 @@ class Decoder:
 
     def close(self) -> None:
         self._last_key = None
-        self._launches = []
+        self._launch = None
         if self._scratch is not None:
             runtime.use_device(self.device.index)
             self._scratch.free()

@@ -762,6 +762,37 @@ def test_argument_cache_never_compares_buffers_with_eq(monkeypatch):
     assert len(gpu.launches) == 3 and len(prepares) == 1
 
 
+def test_a_type_seen_first_in_a_step_is_keyed_from_that_step_on(monkeypatch):
+    decode._KEYERS.clear()  # every argument type is new: its keyer is chosen inside run()
+    gpu, dec = make(monkeypatch)
+    prepares = count_prepares(monkeypatch, dec)
+    for _ in range(3):
+        dec.run(**args(), lse=FakeCAI((2, H), "<f4", ADDR["lse"]))
+    assert len(prepares) == 1 and len(gpu.launches) == 3
+    assert decode._KEYERS[FakeCAI] is decode._interface_key
+
+
+def test_an_argument_that_cannot_be_keyed_is_checked_every_step(monkeypatch):
+    class Tensor(FakeCAI):
+        """torch-style accessors that fail (a tensor without storage), a good interface."""
+
+        def data_ptr(self):
+            raise RuntimeError("no storage")
+
+        def stride(self):
+            return (H * D_QK, D_QK, 1)
+
+    gpu, dec = make(monkeypatch)
+    prepares = count_prepares(monkeypatch, dec)
+    dec.run(**args())
+    for b in (2, 2, 3):  # never a cache hit, so the launch follows each step's q
+        dec.run(**args(b, q=Tensor((b, H, D_QK), "<u2", ADDR["q"])))
+    assert len(prepares) == 4 and [l.batch for l in gpu.launches] == [2, 2, 2, 3]
+    with pytest.raises(ValueError, match="^q: expected shape"):
+        dec.run(**args(2, q=Tensor((2, 8, D_QK), "<u2", ADDR["q"])))
+    assert len(gpu.launches) == 4
+
+
 def test_decode_copies_in_runs_once_and_frees_everything(monkeypatch):
     from hipmla.inputs import make_inputs
 
@@ -776,7 +807,7 @@ def test_decode_copies_in_runs_once_and_frees_everything(monkeypatch):
     assert gpu.calls["copy_htod"] == 4 and gpu.calls["copy_dtoh"] == 2 and gpu.calls["synchronize"] >= 1
     live = [buf for buf in gpu.buffers if buf.ptr]
     assert live == [dec._scratch], "decode() must free every array it allocated"
-    assert dec._launches == []  # nothing cached that points at the freed arrays
+    assert dec._launch is None  # nothing cached that points at the freed arrays
 
 
 # ----------------------------------------------------------------------------- known bugs
