@@ -77,14 +77,13 @@ def stubbed_runtime() -> Iterator[None]:
         def free(self) -> None:
             self.ptr = 0
 
-    launch = ctypes.CDLL(None).labs
-    launch.argtypes = [ctypes.c_void_p] + [ctypes.c_uint] * 7 + [ctypes.c_void_p] * 3
+    launch = ctypes.CDLL(None).labs  # bound as runtime._c_launcher binds the HIP call
     launch.restype = ctypes.c_int
     stubs = {"device_info": lambda index=0: info, "alloc": Buffer, "memset": lambda *a, **k: None,
              "synchronize": lambda: None, "_c_launch": launch,
              "load_kernel": lambda spec, arch: runtime.Function(0, None, spec.symbol)}
     saved = {name: getattr(runtime, name) for name in stubs}
-    device = getattr(runtime._thread, "device", None)
+    device = runtime._thread.device
     for name, stub in stubs.items():
         setattr(runtime, name, stub)
     runtime._thread.device = 0  # use_device's hot path: this thread already has device 0

@@ -428,6 +428,20 @@ def test_device_info_parses_and_caches(fake):
     assert fake.hip.names().count("hipSetDevice") == 2  # still made current every time
 
 
+def test_use_device_calls_hip_only_when_this_threads_device_changes(fake, monkeypatch):
+    import threading
+
+    monkeypatch.setattr(runtime, "_thread", runtime._ThreadState())  # no device made current yet
+    fake.hip.device_count = 2
+    for index in (0, 0, 1, 1, 0):
+        runtime.use_device(index)
+    assert [c[1] for c in fake.hip.calls if c[0] == "hipSetDevice"] == [0, 1, 0]
+    other = threading.Thread(target=runtime.use_device, args=(0,))  # its own current device
+    other.start()
+    other.join()
+    assert [c[1] for c in fake.hip.calls if c[0] == "hipSetDevice"] == [0, 1, 0, 0]
+
+
 def test_device_info_nvidia_arch_from_compute_capability(fake, monkeypatch):
     monkeypatch.setattr(runtime, "_platform", "nvidia")
     fake.hip.arch_name = ""
