@@ -110,9 +110,10 @@ def device_ptr(obj, name: str, *, itemsize: int, shape: tuple | None = None,
     if strides is not None:
         contiguous = tuple(int(np.prod(got_shape[i + 1:], dtype=np.int64)) * itemsize
                            for i in range(len(got_shape)))
-        # extents of 1 may carry any stride (torch gives them one): only used strides count
-        if any(int(s) != c for s, c, n in zip(strides, contiguous, got_shape) if n != 1) \
-                or len(tuple(strides)) != len(got_shape):
+        # Only used strides count, as in torch's and numpy's contiguity: extents of 1 may
+        # carry any stride (torch gives them one), an empty buffer any strides at all.
+        if len(tuple(strides)) != len(got_shape) or 0 not in got_shape and any(
+                int(s) != c for s, c, n in zip(strides, contiguous, got_shape) if n != 1):
             raise ValueError(f"{name}: expected a C-contiguous buffer, got strides {tuple(strides)}")
     if cai.get("mask") is not None:
         raise TypeError(f"{name}: masked arrays are not supported (the interface has a mask)")
@@ -275,8 +276,11 @@ def _check_dlpack_device(dev_type: int, name: str) -> None:
 def _tensor_key(obj) -> tuple:
     # torch-style tensors: four accessors instead of building the interface dict (which
     # costs several microseconds a tensor); the keyer is chosen per type, so the type
-    # itself need not be in the key.
-    return (obj.data_ptr(), obj.shape, obj.dtype, obj.stride())
+    # itself need not be in the key. Of the strides only contiguity counts: the check
+    # refuses every other layout and the kernels get no strides. is_contiguous() is the
+    # same test as device_ptr's (torch's interface omits its strides exactly then), and
+    # cheaper than stride(): no tuple to build and compare (79 vs 137 ns on the H200).
+    return (obj.data_ptr(), obj.shape, obj.dtype, obj.is_contiguous())
 
 
 #: hipmla's own arrays: their fields, read in one C call (the class first: a subclass
@@ -310,7 +314,7 @@ def _choose_keyer(obj) -> Callable:
         return int  # a raw address as numpy hands it out
     if isinstance(obj, runtime.DeviceArray):
         return _array_key
-    if callable(getattr(obj, "data_ptr", None)) and callable(getattr(obj, "stride", None)) \
+    if callable(getattr(obj, "data_ptr", None)) and callable(getattr(obj, "is_contiguous", None)) \
             and (hasattr(obj, "__dlpack__") or _has_interface(obj)):
         return _tensor_key  # torch (CUDA or ROCm): never the capsule on the hot path
     if _has_interface(obj) or not hasattr(obj, "__dlpack__"):

@@ -9,8 +9,8 @@ The launch calls C ``labs`` with the kernel handle 0 as its first argument (retu
 ignores the rest), so the ctypes argument passing and the GIL release of the real call
 are measured too. The views are new tensor objects over the same memory each step, as
 a torch caller hands over: real torch CUDA tensors where torch has a GPU, else
-torch-style stand-ins (``data_ptr()``, ``shape``, ``dtype``, ``stride()``, an interface
-dict built on each read).
+torch-style stand-ins (``data_ptr()``, ``shape``, ``dtype``, ``is_contiguous()``, an
+interface dict built on each read).
 
     python scripts/host_bench.py [--format mxfp4] [--calls 5000] [--rounds 9]
 """
@@ -48,13 +48,12 @@ class TorchLike:
 
     def __init__(self, ptr: int, shape: tuple, dtype: np.dtype):
         self._ptr, self.shape, self.dtype = ptr, Size(shape), dtype
-        self._stride = tuple(int(np.prod(shape[i + 1:], dtype=np.int64)) for i in range(len(shape)))
 
     def data_ptr(self) -> int:
         return self._ptr
 
-    def stride(self) -> tuple:
-        return self._stride
+    def is_contiguous(self) -> bool:
+        return True
 
     @property
     def __cuda_array_interface__(self) -> dict:  # torch builds it on every read

@@ -77,8 +77,11 @@ def test_device_ptr_checks_alignment():
     with pytest.raises(ValueError, match="q: device address"):
         decode.device_ptr(FakeCAI((1, 16, 576), "<u2", 0x1002), "q", itemsize=2, align=16)
     assert decode.device_ptr(0x1001, "kv_scale", itemsize=1, align=1) == (0x1001, None)
-    # an empty buffer may have a null pointer (nothing is ever read through it)
+    # an empty buffer may have a null pointer and any strides (nothing is ever read through
+    # it): contiguous, as torch and numpy call it
     assert decode.device_ptr(FakeCAI((0,), "<i4", 0), "kv_indices", itemsize=4, kinds="i") == (0, (0,))
+    assert decode.device_ptr(FakeCAI((0, 24), "|u1", 0x10, strides=(1, 7)), "kv_scale", itemsize=1,
+                             align=1) == (0x10, (0, 24))
 
 
 def test_decoder_config_validates():
@@ -152,8 +155,8 @@ def test_buffer_key_of_a_tensor_skips_its_interface():
         def data_ptr(self) -> int:
             return self._ptr
 
-        def stride(self) -> tuple:
-            return self._stride
+        def is_contiguous(self) -> bool:
+            return self._stride == tuple(math.prod(self.shape[i + 1:]) for i in range(len(self.shape)))
 
         @property
         def __cuda_array_interface__(self) -> dict:
@@ -174,6 +177,29 @@ def test_buffer_key_of_a_tensor_skips_its_interface():
     assert first == second
     assert decode.buffer_key(Tensor(0x1000, (2, 16, 576), (576, 9216, 1))) != first
     assert decode.buffer_key(Tensor(0x1010, (2, 16, 576), (9216, 576, 1))) != first
+
+
+def test_a_strided_tensor_over_memory_that_passed_is_checked_again(monkeypatch):
+    class Tensor(FakeCAI):
+        """torch's way: the interface has strides only when the tensor is not contiguous."""
+
+        def __init__(self, shape, ptr, strides=None):
+            super().__init__(shape, "<u2", ptr, strides)
+            self.shape, self.dtype = shape, "uint16"
+
+        def data_ptr(self):
+            return self.__cuda_array_interface__["data"][0]
+
+        def is_contiguous(self):
+            return self.__cuda_array_interface__["strides"] is None
+
+    gpu, dec = make(monkeypatch)
+    prepares = count_prepares(monkeypatch, dec)
+    dec.run(**args(q=Tensor((2, H, D_QK), ADDR["q"])))
+    with pytest.raises(ValueError, match="^q: expected a C-contiguous buffer"):
+        dec.run(**args(q=Tensor((2, H, D_QK), ADDR["q"], strides=(H * D_QK * 2, 2, H * 2))))
+    dec.run(**args(q=Tensor((2, H, D_QK), ADDR["q"])))
+    assert len(gpu.launches) == 2 and len(prepares) == 3
 
 
 # ----------------------------------------------------------------------------- the faked runtime
@@ -779,8 +805,8 @@ def test_an_argument_that_cannot_be_keyed_is_checked_every_step(monkeypatch):
         def data_ptr(self):
             raise RuntimeError("no storage")
 
-        def stride(self):
-            return (H * D_QK, D_QK, 1)
+        def is_contiguous(self):
+            return True
 
     gpu, dec = make(monkeypatch)
     prepares = count_prepares(monkeypatch, dec)
