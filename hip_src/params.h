@@ -2,8 +2,10 @@
 //
 // Mirrored in Python by hipmla.kernels.DecodeParams (ctypes); tests/test_kernels.py
 // checks field offsets and the size against this file, so change both together.
-// Shape vocabulary: b = batch (sequences), h_q = query heads, d_qk = 576, d_v = 512,
-// n_slots = split partial slots (sized once by the decoder for its largest batch).
+// Shape vocabulary: b = batch (sequences), h_q = query heads (16 x head_groups), t_q =
+// query tokens of the step (b with q_len 1), d_qk = 576, d_v = 512, n_slots = split partial
+// slots (sized once by the decoder for its largest step). A "row" is 16 heads of one query
+// token: row = query token x head_groups + head group; every kernel computes 16 heads.
 //
 // Everything a step changes lives in device memory (indptr, page table, last-page
 // lengths): the struct itself is the same for every step of a batch size, so a launch
@@ -18,19 +20,21 @@ typedef unsigned int uint32_t;
 #endif
 
 struct MlaDecodeParams {
-    const void* q;                   // [b, h_q, d_qk] bf16 (q_len 1: query row i belongs to sequence i)
+    const void* q;                   // [t_q, h_q, d_qk] bf16 (no qo_indptr: query token i is sequence i's)
     const void* kv;                  // bf16 [rows, d_qk] | fp8 [rows, d_qk] | mxfp4 [rows, d_qk/2] u8
     const uint8_t* kv_scale;         // mxfp4: [rows, stride_kv_scale] E8M0; otherwise null
     const int32_t* kv_indptr;        // [b + 1]: contiguous: sequence i owns rows kv_indptr[i] .. kv_indptr[i+1]-1;
                                      //          paged: its pages are kv_indices[kv_indptr[i] .. kv_indptr[i+1]-1]
     const int32_t* kv_indices;       // paged: page ids (page p = rows p * page_size ..); null: contiguous
     const int32_t* kv_last_page_len; // paged: [b] rows used in each sequence's last page (1 .. page_size)
-    int32_t* counters;               // [b] items of a sequence done; 0 between launches (the merger resets it)
+    const int32_t* qo_indptr;        // [b + 1]: sequence i's query tokens are qo_indptr[i] .. qo_indptr[i+1]-1,
+                                     //          causal (token j of n sees kv tokens 0 .. len - n + j); null: 1 each
+    int32_t* counters;               // [t_q x head_groups] items of a row done; 0 between launches (the merger resets it)
     int32_t* errors;                 // one word: ERR_* bits of invalid device-side input (core/paged.h), or null
-    float* part_acc;                 // [n_slots, h_q, d_v] f32 unnormalised P.V
-    float* part_ml;                  // [n_slots, h_q, 2] f32 (running max m in log2 units, sum l)
-    void* out;                       // [b, h_q, d_v] bf16
-    float* lse;                      // [b, h_q] f32 natural-log LSE, or null
+    float* part_acc;                 // [n_slots, 16, d_v] f32 unnormalised P.V (one slot per item of a row)
+    float* part_ml;                  // [n_slots, 16, 2] f32 (running max m in log2 units, sum l)
+    void* out;                       // [t_q, h_q, d_v] bf16
+    float* lse;                      // [t_q, h_q] f32 natural-log LSE, or null
     float sm_scale_log2;             // softmax scale * log2(e)
     float kv_fp8_scale;              // fp8: dequantised value = fp8 * kv_fp8_scale; otherwise 1
     int32_t stride_kv_scale;         // mxfp4: bytes per scale row (>= d_qk / 32); otherwise 0
@@ -43,5 +47,7 @@ struct MlaDecodeParams {
                                      //      items of whole fast_tile tiles belong to the arch's fast kernel
     int32_t kv_rows;                 // rows of the cache (kv and kv_scale): no row past it is read; 0: unknown
     int32_t n_indices;               // paged: entries of kv_indices: no entry past it is read; 0: unknown
+    int32_t head_groups;             // h_q / 16 (1, 2, 4 or 8)
+    int32_t q_tokens;                // t_q: rows of q / out / lse; with qo_indptr no entry past it is used
     int32_t pad_;                    // keeps sizeof a multiple of 8 on every ABI
 };

@@ -50,6 +50,8 @@ DEVICE_ERRORS = {
     2: "kv_indptr points past the cache rows (contiguous) or past kv_indices (paged)",
     4: "a page id in kv_indices is negative or its rows pass the end of the cache",
     8: "kv_last_page_len is outside 1 .. page_size",
+    16: "qo_indptr decreases, is negative or passes the query tokens of q (those sequences get no output)",
+    32: "a sequence has fewer kv tokens than query tokens (qo_indptr)",
 }
 
 

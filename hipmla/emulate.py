@@ -181,15 +181,21 @@ def emulate_decode(
     tile_tokens: int = TILE_TOKENS,
     fast_schedule: FastSchedule = GFX950_SCHEDULE,
     fast_any_length: bool = False,
+    qo_indptr=None,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Predicted device output ``(n, h, 512)`` bf16 and LSE ``(n, h)`` f32 for the
-    sequences ``seqs`` (default all), the batch cut into items by ``policy`` as the device
-    cuts it. ``layout`` is a :class:`~hipmla.paging.KvLayout` (or a host ``kv_indptr`` for
-    contiguous rows). ``q_fp8_variant`` is the e4m3 flavour the target quantizes fp8 Q to
-    (default: the cache's). Items of whole ``policy.fast_tile`` tiles follow
-    ``fast_schedule``; the rest the portable kernel's tiles. ``fast_any_length``: the
-    masked fast kernel takes every item, any length (a policy without ``fast_tile``, as
-    the decoder launches it on gfx950/gfx942), so every item follows ``fast_schedule``."""
+    """Predicted device output ``(n, h, 512)`` bf16 and LSE ``(n, h)`` f32 for the query
+    tokens of the sequences ``seqs`` (default all; n = batch with one query token per
+    sequence), the step cut into items by ``policy`` as the device cuts it: one row (16
+    heads of one query token, causal: ``hipmla.queries``) per item. ``layout`` is a
+    :class:`~hipmla.paging.KvLayout` (or a host ``kv_indptr`` for contiguous rows);
+    ``qo_indptr`` as in :func:`hipmla.reference.mla_decode_reference`. ``q_fp8_variant``
+    is the e4m3 flavour the target quantizes fp8 Q to (default: the cache's). Items of
+    whole ``policy.fast_tile`` tiles follow ``fast_schedule``; the rest the portable
+    kernel's tiles. ``fast_any_length``: the masked fast kernel takes every item, any
+    length (a policy without ``fast_tile``, as the decoder launches it on gfx950/gfx942),
+    so every item follows ``fast_schedule``."""
+    from hipmla.queries import check_causal, check_heads, check_qo_indptr, q_lens
+
     if not isinstance(fast_any_length, (bool, np.bool_)):
         raise TypeError(f"fast_any_length: expected a bool, got {type(fast_any_length).__name__}")
     if fast_any_length and policy.fast_tile:
@@ -203,27 +209,46 @@ def emulate_decode(
             f"the schedule walks {fast_schedule.tile_tokens}-token tiles"
         )
     layout = as_layout(layout)
-    qf = check_q(q, batch=layout.batch)
+    if qo_indptr is None:
+        qf = check_q(q, batch=layout.batch)
+        qo, nq = np.arange(layout.batch + 1, dtype=np.int64), None
+    else:
+        qf = check_q(q)
+        qo = check_qo_indptr(qo_indptr, layout.batch, q_tokens=qf.shape[0])
+        nq = q_lens(qo, layout.batch)
+        check_causal(layout.seq_lens(), nq)
+    heads = qf.shape[1]
+    # A row is 16 heads; fewer heads (the tests' small models) are one row.
+    groups = check_heads(heads, "q.shape[1]") // 16 if heads > 16 else 1
+    width = heads // groups
     if not isinstance(kv, KVCache):
         raise TypeError(f"kv: expected a hipmla.formats.KVCache, got {type(kv).__name__}")
     layout.check_cache(kv.rows)
     scale_log2 = np.float32(np.float32(check_positive_finite(sm_scale, "sm_scale")) * LOG2E)
     qq = quantize_q(qf, q_precision, q_fp8_variant or kv.fp8_variant)
     sel = np.arange(layout.batch) if seqs is None else np.asarray(seqs, dtype=np.int64)
-    items = schedule(layout.seq_lens(), policy)
-    out = np.empty((sel.size, qf.shape[1], D_V), dtype=to_bf16(0).dtype)
-    lse = np.empty((sel.size, qf.shape[1]), dtype=np.float32)
-    for i, b in enumerate(sel):
-        parts = []
-        for j in items.items_of(int(b)):
-            t0, t1 = int(items.begin[j]), int(items.end[j])
-            k = kv.dequantize(layout.rows(int(b), t0, t1))
-            if fast_any_length or (policy.fast_tile and t1 > t0 and (t1 - t0) % policy.fast_tile == 0):
-                parts.append(emulate_fast_item(qq[b], k, scale_log2, fast_schedule))
-            else:
-                parts.append(emulate_work_item(qq[b], k, scale_log2, tile_tokens))
-        if len(parts) == 1:
-            out[i], lse[i] = finalize(parts[0].acc, parts[0].m, parts[0].l)
-        else:
-            out[i], lse[i] = combine(parts)
+    items = schedule(layout.seq_lens(), policy, q_lens=nq, head_groups=groups)
+    tokens = [np.arange(qo[b], qo[b + 1]) for b in sel]
+    n_out = int(sum(t.size for t in tokens))
+    out = np.empty((n_out, heads, D_V), dtype=to_bf16(0).dtype)
+    lse = np.empty((n_out, heads), dtype=np.float32)
+    i = 0
+    for b, toks in zip(sel, tokens):
+        for t in toks:
+            for g in range(groups):
+                parts = []
+                h = slice(width * g, width * (g + 1))
+                qrow = qq[t, h]
+                for j in items.items_of_row(int(t) * groups + g):
+                    t0, t1 = int(items.begin[j]), int(items.end[j])
+                    k = kv.dequantize(layout.rows(int(b), t0, t1))
+                    if fast_any_length or (policy.fast_tile and t1 > t0 and (t1 - t0) % policy.fast_tile == 0):
+                        parts.append(emulate_fast_item(qrow, k, scale_log2, fast_schedule))
+                    else:
+                        parts.append(emulate_work_item(qrow, k, scale_log2, tile_tokens))
+                if len(parts) == 1:
+                    out[i, h], lse[i, h] = finalize(parts[0].acc, parts[0].m, parts[0].l)
+                else:
+                    out[i, h], lse[i, h] = combine(parts)
+            i += 1
     return out, lse

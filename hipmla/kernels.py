@@ -58,18 +58,19 @@ class DecodeParams(ctypes.Structure):
     """``struct MlaDecodeParams`` field for field (device pointers as integers)."""
 
     _fields_ = [
-        ("q", ctypes.c_void_p),  # [b, h_q, d_qk] bf16
+        ("q", ctypes.c_void_p),  # [t_q, h_q, d_qk] bf16
         ("kv", ctypes.c_void_p),  # bf16 / fp8 [rows, d_qk] | mxfp4 [rows, d_qk/2] u8
         ("kv_scale", ctypes.c_void_p),  # mxfp4: [rows, stride_kv_scale] E8M0
         ("kv_indptr", ctypes.c_void_p),  # [b + 1] int32: row (contiguous) or page (paged) offsets
         ("kv_indices", ctypes.c_void_p),  # paged: int32 page ids; null: contiguous
         ("kv_last_page_len", ctypes.c_void_p),  # paged: [b] int32
-        ("counters", ctypes.c_void_p),  # [b] int32, zero between launches
+        ("qo_indptr", ctypes.c_void_p),  # [b + 1] int32 query tokens per sequence, or null (1 each)
+        ("counters", ctypes.c_void_p),  # [t_q x head_groups] int32, zero between launches
         ("errors", ctypes.c_void_p),  # one int32 of ERR_* bits, or null
-        ("part_acc", ctypes.c_void_p),  # [n_slots, h_q, d_v] f32
-        ("part_ml", ctypes.c_void_p),  # [n_slots, h_q, 2] f32
-        ("out", ctypes.c_void_p),  # [b, h_q, d_v] bf16
-        ("lse", ctypes.c_void_p),  # [b, h_q] f32 natural log, or null
+        ("part_acc", ctypes.c_void_p),  # [n_slots, 16, d_v] f32
+        ("part_ml", ctypes.c_void_p),  # [n_slots, 16, 2] f32
+        ("out", ctypes.c_void_p),  # [t_q, h_q, d_v] bf16
+        ("lse", ctypes.c_void_p),  # [t_q, h_q] f32 natural log, or null
         ("sm_scale_log2", ctypes.c_float),
         ("kv_fp8_scale", ctypes.c_float),
         ("stride_kv_scale", ctypes.c_int32),
@@ -81,6 +82,8 @@ class DecodeParams(ctypes.Structure):
         ("fast_tile", ctypes.c_int32),
         ("kv_rows", ctypes.c_int32),  # 0: unknown (raw address)
         ("n_indices", ctypes.c_int32),  # 0: unknown
+        ("head_groups", ctypes.c_int32),  # h_q / 16
+        ("q_tokens", ctypes.c_int32),  # t_q
         ("pad_", ctypes.c_int32),
     ]
 

@@ -52,15 +52,26 @@ def mla_decode_reference(
     *,
     seqs=None,
     d_v: int = D_V,
+    qo_indptr=None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Exact decode. Returns ``out (n, h_q, d_v)`` float32 and ``lse (n, h_q)`` float32
-    (natural log) for the sequences ``seqs`` (default: all, n = batch). ``layout`` is a
-    :class:`hipmla.paging.KvLayout` (a page table) or a host ``kv_indptr`` (contiguous rows)."""
+    (natural log) for the query tokens of the sequences ``seqs`` (default: all; n = batch
+    with one query token per sequence). ``layout`` is a :class:`hipmla.paging.KvLayout`
+    (a page table) or a host ``kv_indptr`` (contiguous rows). ``qo_indptr`` (host, ``batch
+    + 1``): sequence s's query tokens are q rows ``qo_indptr[s] ..``, causal within the
+    step (``hipmla.queries``); their rows of ``out`` follow in sequence order."""
     from hipmla.paging import as_layout
+    from hipmla.queries import check_causal, check_qo_indptr, q_lens, visible
 
     layout = as_layout(layout)
     batch = layout.batch
-    qf = check_q(q, batch=batch)
+    if qo_indptr is None:
+        qf = check_q(q, batch=batch)
+        qo = np.arange(batch + 1, dtype=np.int64)
+    else:
+        qf = check_q(q)
+        qo = check_qo_indptr(qo_indptr, batch, q_tokens=qf.shape[0])
+        check_causal(layout.seq_lens(), q_lens(qo, batch))
     if not isinstance(kv, KVCache):
         raise TypeError(f"kv: expected a hipmla.formats.KVCache, got {type(kv).__name__}")
     if kv.dim != D_QK:
@@ -74,19 +85,25 @@ def mla_decode_reference(
     if sel.size and (sel.min() < 0 or sel.max() >= batch):
         raise ValueError(f"seqs: indices must lie in [0, {batch}), got {sel.min()}..{sel.max()}")
     heads = qf.shape[1]
-    out = np.zeros((sel.size, heads, d_v), dtype=np.float32)
-    lse = np.full((sel.size, heads), -np.inf, dtype=np.float32)
-    for i, b in enumerate(sel):
+    tokens = np.concatenate([np.arange(qo[b], qo[b + 1]) for b in sel]) if sel.size else np.zeros(0, np.int64)
+    out = np.zeros((tokens.size, heads, d_v), dtype=np.float32)
+    lse = np.full((tokens.size, heads), -np.inf, dtype=np.float32)
+    i = 0
+    for b in sel:
         rows = layout.rows(int(b))
-        if rows.size == 0:
-            continue
-        k = kv.dequantize(rows).astype(np.float64)
-        s = (qf[b].astype(np.float64) @ k.T) * scale  # (heads, n)
-        m = s.max(axis=1, keepdims=True)
-        e = np.exp(s - m)
-        denom = e.sum(axis=1, keepdims=True)
-        out[i] = (e @ k[:, :d_v]) / denom
-        lse[i] = (m + np.log(denom))[:, 0]
+        n = int(qo[b + 1] - qo[b])
+        k_all = kv.dequantize(rows).astype(np.float64) if rows.size else None
+        for j in range(n):
+            seen = visible(rows.size, n, j) if qo_indptr is not None else rows.size
+            if seen > 0:
+                k = k_all[:seen]
+                s = (qf[qo[b] + j].astype(np.float64) @ k.T) * scale  # (heads, seen)
+                m = s.max(axis=1, keepdims=True)
+                e = np.exp(s - m)
+                denom = e.sum(axis=1, keepdims=True)
+                out[i] = (e @ k[:, :d_v]) / denom
+                lse[i] = (m + np.log(denom))[:, 0]
+            i += 1
     return out, lse
 
 

@@ -5,10 +5,14 @@ Every block of the decode grid computes this same split from the batch's lengths
 its bit-for-bit host model, used by the emulator, by tests and to size the grid and the
 partials scratch once.
 
-A work item is ``(seq, begin, end, slot, first_slot, n_items)``: one block runs all heads
-of sequence ``seq`` over its tokens ``[begin, end)``; a sequence of one item writes its
-output directly, the items of a split sequence write partial slots
-``first_slot .. first_slot + n_items - 1`` and the last to finish merges them.
+A *row* is 16 heads of one query token: row ``q * head_groups + g`` is head group ``g``
+of query token ``q`` (with q_len 1, query token ``q`` is sequence ``q``'s). A work item
+is ``(seq, row, begin, end, slot, first_slot, slot_stride, n_items)``: one block runs the
+row over tokens ``[begin, end)`` of sequence ``seq``'s cache; a row of one item writes its
+output directly, the items of a split row write partial slots ``first_slot + k *
+slot_stride`` (k < n_items) and the last to finish merges them. Items are range-major
+within a sequence (all its rows of one kv range, then the next range), so the rows that
+read a range run side by side; query token j of n sees ``len - n + j + 1`` tokens.
 """
 
 from __future__ import annotations
@@ -16,6 +20,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+
+from hipmla.queries import HEAD_COUNTS
 
 #: Work items per compute unit the split aims for: enough to hide a straggler, few
 #: enough that the merge stays cheap.
@@ -27,6 +33,8 @@ DEFAULT_MIN_SPLIT_TOKENS = 256
 DEFAULT_ALIGN_TOKENS = 128
 
 INT32_MAX = int(np.iinfo(np.int32).max)
+#: heads / 16 of the head counts a decoder may serve.
+HEAD_GROUPS = tuple(h // 16 for h in HEAD_COUNTS)
 
 
 @dataclass(frozen=True)
@@ -61,11 +69,12 @@ class SplitPolicy:
                 raise ValueError(f"{name}: expected an integer >= {lo}, got {v!r}")
         return cls(target_items=int(num_cus) * int(items_per_cu), fast_tile=int(fast_tile))
 
-    def max_items(self, batch: int) -> int:
-        """Most items any batch of ``batch`` sequences gets: the grid and the scratch slots."""
-        if isinstance(batch, bool) or not isinstance(batch, (int, np.integer)) or batch < 1:
-            raise ValueError(f"batch: expected an integer >= 1, got {batch!r}")
-        return int(self.target_items + batch * (2 if self.fast_tile else 1))
+    def max_items(self, rows: int) -> int:
+        """Most items any step of ``rows`` rows gets (rows = query tokens x heads / 16; the
+        batch size with q_len 1 and 16 heads): the grid and the scratch slots."""
+        if isinstance(rows, bool) or not isinstance(rows, (int, np.integer)) or rows < 1:
+            raise ValueError(f"rows: expected an integer >= 1, got {rows!r}")
+        return int(self.target_items + rows * (2 if self.fast_tile else 1))
 
 
 @dataclass(frozen=True)
@@ -73,9 +82,11 @@ class Schedule:
     """The items of one batch in block order. Arrays are int64, one row per item."""
 
     seq: np.ndarray
+    row: np.ndarray
     begin: np.ndarray
     end: np.ndarray
     first_slot: np.ndarray
+    slot_stride: np.ndarray
     n_items: np.ndarray
     chunk: int
 
@@ -88,8 +99,12 @@ class Schedule:
         """Partial slot of each item (its block index), or -1 where it writes the output."""
         return np.where(self.n_items > 1, np.arange(self.size), -1)
 
+    def items_of_row(self, row: int) -> np.ndarray:
+        """Indices of row ``row``'s items, in token order."""
+        return np.flatnonzero(self.row == row)
+
     def items_of(self, seq: int) -> np.ndarray:
-        """Indices of sequence ``seq``'s items, in token order."""
+        """Indices of sequence ``seq``'s items (every row), in block order."""
         return np.flatnonzero(self.seq == seq)
 
 
@@ -119,22 +134,46 @@ def split_chunk(total: int, policy: SplitPolicy) -> int:
     return -(-chunk // policy.align_tokens) * policy.align_tokens
 
 
-def schedule(seq_lens, policy: SplitPolicy) -> Schedule:
-    """The device's split of a batch with these lengths, item by item in block order."""
+def check_head_groups(head_groups) -> int:
+    if isinstance(head_groups, bool) or not isinstance(head_groups, (int, np.integer)) \
+            or int(head_groups) not in HEAD_GROUPS:
+        raise ValueError(f"head_groups: expected one of {HEAD_GROUPS} (16, 32, 64 or 128 heads), got {head_groups!r}")
+    return int(head_groups)
+
+
+def schedule(seq_lens, policy: SplitPolicy, q_lens=None, head_groups: int = 1) -> Schedule:
+    """The device's split of a batch with these kv lengths (and ``q_lens`` query tokens per
+    sequence, default 1 each; ``head_groups`` = heads / 16), item by item in block order."""
     if not isinstance(policy, SplitPolicy):
         raise TypeError(f"policy: expected a hipmla.schedule.SplitPolicy, got {type(policy).__name__}")
     lens = check_lens(seq_lens)
+    groups = check_head_groups(head_groups)
+    if q_lens is None:
+        nq = np.ones_like(lens)
+        causal = False
+    else:
+        nq = check_lens(q_lens, "q_lens")
+        if nq.shape != lens.shape:
+            raise ValueError(f"q_lens: expected one count per sequence ({lens.shape[0]}), got shape {nq.shape}")
+        causal = True
     align, fast = policy.align_tokens, policy.fast_tile
-    chunk = split_chunk(int(lens.sum()), policy)
+    rows = nq * groups
+    chunk = split_chunk(int((lens * rows).sum()), policy)
     base = np.maximum(-(-lens // chunk), 1)
     units = -(-lens // align)
     last_begin = units * (base - 1) // base * align
     tail = lens % fast if fast else np.zeros_like(lens)
     extra = (tail > 0) & (lens - last_begin > tail) if fast else np.zeros(lens.shape, bool)
     n = base + extra
-    first = np.concatenate([[0], np.cumsum(n)[:-1]])
-    seq = np.repeat(np.arange(lens.shape[0]), n)
-    k = np.arange(seq.shape[0]) - first[seq]
+    count = n * rows
+    first = np.concatenate([[0], np.cumsum(count)[:-1]])
+    seq = np.repeat(np.arange(lens.shape[0]), count)
+    local = np.arange(seq.shape[0]) - first[seq]
+    r = local % np.maximum(rows[seq], 1)
+    k = local // np.maximum(rows[seq], 1)
+    j = r // groups
+    q_first = np.concatenate([[0], np.cumsum(nq)[:-1]])
+    row = (q_first[seq] + j) * groups + r % groups
     ns, us, ls = base[seq], units[seq], lens[seq]
     begin = np.minimum(us * k // ns * align, ls)
     end = np.minimum(us * (k + 1) // ns * align, ls)
@@ -145,4 +184,14 @@ def schedule(seq_lens, policy: SplitPolicy) -> Schedule:
         rem = cut & (k == ns)
         begin = np.where(rem, whole_end, begin)
         end = np.where(rem, ls, end)
-    return Schedule(seq=seq, begin=begin, end=end, first_slot=first[seq], n_items=n[seq], chunk=chunk)
+    sees = ls - nq[seq] + j + 1
+    end = np.minimum(end, np.maximum(sees, 0))
+    begin = np.minimum(begin, end)
+    return Schedule(seq=seq, row=row, begin=begin, end=end, first_slot=first[seq] + r,
+                    slot_stride=rows[seq], n_items=n[seq], chunk=chunk)
+
+
+def short_sequences(seq_lens, q_lens) -> np.ndarray:
+    """Sequences with fewer kv tokens than query tokens: invalid (the device flags
+    ERR_Q_LEN and writes NaN to their rows)."""
+    return np.flatnonzero(check_lens(seq_lens) < check_lens(q_lens, "q_lens"))

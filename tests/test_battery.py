@@ -291,7 +291,7 @@ CASES = [
     ("for_device-cus", lambda e: SplitPolicy.for_device(0), ValueError, "num_cus"),
     ("for_device-items-str", lambda e: SplitPolicy.for_device(8, items_per_cu="2"), ValueError, "items_per_cu"),
     ("for_device-fast-str", lambda e: SplitPolicy.for_device(8, fast_tile="128"), ValueError, "fast_tile"),
-    ("max_items-0", lambda e: POLICY.max_items(0), ValueError, "batch"),
+    ("max_items-0", lambda e: POLICY.max_items(0), ValueError, "rows"),
     ("schedule-policy", lambda e: schedule.schedule([5, 9], "policy"), TypeError, "policy"),
     ("schedule-lens-float", lambda e: schedule.schedule([5.0], POLICY), TypeError, "seq_lens"),
     ("schedule-lens-2d", lambda e: schedule.schedule([[5, 9]], POLICY), ValueError, "seq_lens"),

@@ -98,7 +98,7 @@ def test_bad_lengths(lens, err):
 def test_max_items_bounds_the_grid():
     p = SplitPolicy.for_device(8, fast_tile=128)
     assert p.max_items(10) == 16 + 20
-    with pytest.raises(ValueError, match="batch"):
+    with pytest.raises(ValueError, match="rows"):
         p.max_items(0)
 
 
@@ -116,9 +116,10 @@ extern "C" void dump_schedule(MlaDecodeParams p, int grid, int* out) {
                 hipmla::host_thread = unsigned(t);
                 const hipmla::WorkItem it = hipmla::schedule_item<256>(p, b, sm);
                 if (t == 0) {
-                    int* o = out + 6 * b;
+                    int* o = out + 9 * b;
                     o[0] = it.seq; o[1] = it.begin; o[2] = it.end;
                     o[3] = it.slot; o[4] = it.first_slot; o[5] = it.n_items;
+                    o[6] = it.row; o[7] = it.slot_stride; o[8] = it.bad;
                 }
             });
         for (auto& th : pool) th.join();
@@ -142,18 +143,22 @@ def dump(tmp_path_factory):
     return fn
 
 
-def _device_items(dump, layout: KvLayout, policy: SplitPolicy) -> np.ndarray:
-    grid = policy.max_items(layout.batch)
-    out = np.full((grid, 6), -7, dtype=np.int32)
+def _device_items(dump, layout: KvLayout, policy: SplitPolicy, qo=None, groups: int = 1) -> np.ndarray:
+    t_q = layout.batch if qo is None else int(qo[-1])
+    grid = policy.max_items(max(t_q * groups, 1))
+    out = np.full((grid, 9), -7, dtype=np.int32)
+    qo32 = None if qo is None else np.ascontiguousarray(qo, dtype=np.int32)
     indptr = np.ascontiguousarray(layout.kv_indptr, dtype=np.int32)
     indices = np.ascontiguousarray(layout.kv_indices, dtype=np.int32) if layout.paged else None
     last = np.ascontiguousarray(layout.kv_last_page_len, dtype=np.int32) if layout.paged else None
     p = DecodeParams(kv_indptr=indptr.ctypes.data,
                      kv_indices=None if indices is None else indices.ctypes.data,
                      kv_last_page_len=None if last is None else last.ctypes.data,
+                     qo_indptr=None if qo32 is None else qo32.ctypes.data,
                      batch=layout.batch, page_shift=layout.page_size.bit_length() - 1,
                      split_target=policy.target_items, split_min_tokens=policy.min_split_tokens,
-                     split_align=policy.align_tokens, fast_tile=policy.fast_tile)
+                     split_align=policy.align_tokens, fast_tile=policy.fast_tile,
+                     head_groups=groups, q_tokens=t_q)
     dump(p, grid, out.ctypes.data)
     return out
 
@@ -168,6 +173,44 @@ def test_device_schedule_equals_the_host_model(dump, seed):
     policy = SplitPolicy.for_device(int(rng.integers(1, 140)), fast_tile=128 if seed >= 2 else 0)
     got = _device_items(dump, layout, policy)
     s = schedule(lens, policy)
-    want = np.stack([s.seq, s.begin, s.end, np.arange(s.size), s.first_slot, s.n_items], axis=1)
-    np.testing.assert_array_equal(got[: s.size], want)
+    want = np.stack([s.seq, s.begin, s.end, np.arange(s.size), s.first_slot, s.n_items, s.row, s.slot_stride],
+                    axis=1)
+    np.testing.assert_array_equal(got[: s.size, :8], want)
     assert (got[s.size:, 0] == -1).all()  # blocks past the batch's items have none
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_device_schedule_of_several_query_tokens_and_heads_equals_the_host_model(dump, seed):
+    rng = np.random.default_rng(200 + seed)
+    groups = [2, 8, 1][seed]
+    q_lens = rng.integers(0, 9, size=40 if seed < 2 else 300)  # 0..8 query tokens, ragged
+    lens = q_lens + rng.integers(0, 3000, size=q_lens.size)    # kv >= q: every token sees itself
+    qo = np.concatenate([[0], np.cumsum(q_lens)])
+    layout = random_page_table(lens, 16, rng, spare_pages=5) if seed == 1 else KvLayout.contiguous(lens)
+    policy = SplitPolicy.for_device(int(rng.integers(1, 140)))
+    got = _device_items(dump, layout, policy, qo, groups)
+    s = schedule(lens, policy, q_lens=q_lens, head_groups=groups)
+    want = np.stack([s.seq, s.begin, s.end, np.arange(s.size), s.first_slot, s.n_items, s.row, s.slot_stride],
+                    axis=1)
+    np.testing.assert_array_equal(got[: s.size, :8], want)
+    assert (got[: s.size, 8] == 0).all()
+    assert (got[s.size:, 0] == -1).all()
+    # Every row of every query token has items; a row's items cover what its token sees.
+    assert sorted(set(s.row.tolist())) == list(range(int(qo[-1]) * groups))
+    for r in range(0, int(qo[-1]) * groups, 7):
+        it = s.items_of_row(r)
+        seq = int(s.seq[it[0]])
+        j = r // groups - int(qo[seq])
+        sees = int(lens[seq]) - int(q_lens[seq]) + j + 1
+        assert s.begin[it[0]] == 0 and s.end[it[-1]] == sees
+        assert (s.begin[it[1:]] == s.end[it[:-1]]).all()
+        assert list(it) == list(s.first_slot[it[0]] + s.slot_stride[it[0]] * np.arange(it.size))
+
+
+def test_device_schedule_flags_short_sequences_and_bad_query_ranges(dump):
+    lens = np.array([5, 2, 9])
+    policy = SplitPolicy.for_device(4)
+    got = _device_items(dump, KvLayout.contiguous(lens), policy, np.array([0, 2, 5, 6]), 1)
+    seq, bad = got[:, 0], got[:, 8]
+    assert set(bad[seq == 1]) == {32}  # ERR_Q_LEN: 2 kv tokens, 3 query tokens
+    assert set(bad[(seq == 0) | (seq == 2)]) == {0}

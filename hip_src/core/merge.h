@@ -1,7 +1,7 @@
-// The split merge, inside the decode kernel: every item of a split sequence writes its
-// partial (acc, m, l) to its slot, then arrives at the sequence's counter; the block
-// that arrives last merges all the sequence's slots into the bf16 output and LSE and
-// resets the counter for the next launch. No combine kernel, no second launch.
+// The split merge, inside the decode kernel: every item of a split row (16 heads of one
+// query token) writes its partial (acc, m, l) to its slot, then arrives at the row's
+// counter; the block that arrives last merges all the row's slots into the bf16 output
+// and LSE and resets the counter for the next launch. No combine kernel, no second launch.
 //
 // Ordering: each thread's partial stores are released at device scope (agent scope on
 // AMD) before the block's one atomic increment; the last block acquires at the same
@@ -24,8 +24,8 @@ HIPMLA_DEVICE bool arrive_last(const MlaDecodeParams& p, const WorkItem& it, int
     fence_release_device();
     block_sync();
     if (thread_index() == 0) {
-        const bool last = atomic_add_device(p.counters + it.seq, 1) == it.n_items - 1;
-        if (last) atomic_store_device(p.counters + it.seq, 0);
+        const bool last = atomic_add_device(p.counters + it.row, 1) == it.n_items - 1;
+        if (last) atomic_store_device(p.counters + it.row, 0);
         *flag = last ? 1 : 0;
     }
     block_sync();
@@ -47,14 +47,15 @@ HIPMLA_DEVICE void merge_partials(const MlaDecodeParams& p, const WorkItem& it) 
     const int h = tid / LANES;
     const int i = tid % LANES;
     const int s0 = it.first_slot;
-    const int s1 = it.first_slot + it.n_items;
+    const int s1 = it.first_slot + it.n_items * it.slot_stride;
+    const int ds = it.slot_stride;
     const float neg_inf = f32_from_bits(0xff800000u);
 
     // The slot loops are unrolled so several slots' loads are in flight at once: a merge
     // is otherwise a chain of L2 round trips, one per slot.
     float big_m = neg_inf;
 #pragma unroll 4
-    for (int s = s0; s < s1; ++s) {
+    for (int s = s0; s < s1; s += ds) {
         const float m = load_coherent(p.part_ml + ((long long)s * HEADS + h) * 2);
         big_m = m > big_m ? m : big_m;
     }
@@ -69,7 +70,7 @@ HIPMLA_DEVICE void merge_partials(const MlaDecodeParams& p, const WorkItem& it) 
     }
     float big_l = 0.0f;
 #pragma unroll 2
-    for (int s = s0; s < s1; ++s) {
+    for (int s = s0; s < s1; s += ds) {
         const float* ml = p.part_ml + ((long long)s * HEADS + h) * 2;
         const float w = exp2_f32(load_coherent(ml) - shift);
         big_l += w * load_coherent(ml + 1);
@@ -85,7 +86,7 @@ HIPMLA_DEVICE void merge_partials(const MlaDecodeParams& p, const WorkItem& it) 
     }
 
     const bool zero = big_l <= 0.0f;  // all slots empty; NaN (a bad item's slot) stays NaN
-    u32x2* out = reinterpret_cast<u32x2*>(static_cast<unsigned short*>(p.out) + ((long long)it.seq * HEADS + h) * D_V);
+    u32x2* out = reinterpret_cast<u32x2*>(static_cast<unsigned short*>(p.out) + ((long long)it.row * HEADS + h) * D_V);
 #pragma unroll
     for (int k = 0; k < STEPS; ++k) {
         float o[VEC];
@@ -94,7 +95,7 @@ HIPMLA_DEVICE void merge_partials(const MlaDecodeParams& p, const WorkItem& it) 
         out[i + LANES * k] = u32x2{pack_bf16x2(o[0], o[1]), pack_bf16x2(o[2], o[3])};
     }
     if (i == 0 && p.lse != nullptr) {
-        p.lse[it.seq * HEADS + h] = zero ? neg_inf : (big_m + log2_f32(big_l)) * 0.6931471805599453f;
+        p.lse[(long long)it.row * HEADS + h] = zero ? neg_inf : (big_m + log2_f32(big_l)) * 0.6931471805599453f;
     }
 }
 

@@ -19,6 +19,8 @@ constexpr int ERR_INDPTR = 1;     // kv_indptr decreases at the sequence, or is 
 constexpr int ERR_BOUNDS = 2;     // its rows (contiguous) or page-table entries (paged) pass the end
 constexpr int ERR_PAGE = 4;       // a page id is negative or its rows pass the end of the cache
 constexpr int ERR_LAST_PAGE = 8;  // kv_last_page_len outside 1 .. page_size
+constexpr int ERR_QO = 16;        // qo_indptr decreases, is negative or passes q_tokens
+constexpr int ERR_Q_LEN = 32;     // a sequence has fewer kv tokens than query tokens
 
 struct SeqExtent {
     int tokens;  // 0 for an invalid sequence
@@ -43,6 +45,24 @@ HIPMLA_DEVICE SeqExtent seq_extent(const MlaDecodeParams& p, int seq) {
 }
 
 // Whether page `page` is a page of the cache (kv_rows 0: the caller promised it is).
+// The query tokens of a sequence: qo_indptr's range, or token `seq` alone without one.
+struct SeqQuery {
+    int first;  // its first query token (row of q / out / lse in tokens)
+    int n;      // query tokens; 0 for an invalid range
+    int bad;    // ERR_QO
+};
+
+HIPMLA_DEVICE SeqQuery seq_query(const MlaDecodeParams& p, int seq) {
+    if (p.qo_indptr == nullptr) return SeqQuery{seq, 1, 0};
+    const int first = p.qo_indptr[seq];
+    const int end = p.qo_indptr[seq + 1];
+    if (first < 0 || end < first || (p.q_tokens > 0 && end > p.q_tokens)) return SeqQuery{0, 0, ERR_QO};
+    return SeqQuery{first, end - first, 0};
+}
+
+// h_q / 16; a struct that never set it (0) means 16 heads.
+HIPMLA_DEVICE int head_groups(const MlaDecodeParams& p) { return p.head_groups > 1 ? p.head_groups : 1; }
+
 HIPMLA_DEVICE bool page_in_cache(const MlaDecodeParams& p, int page) {
     return page >= 0 && (p.kv_rows <= 0 || page < (p.kv_rows >> p.page_shift));
 }

@@ -1,28 +1,39 @@
 // The device-side schedule: which work item a block of the decode grid runs, derived
-// from the batch itself (kv_indptr and, paged, kv_last_page_len), so the host passes
-// nothing that changes from step to step and no metadata kernel runs before the decode.
+// from the batch itself (kv_indptr and, paged, kv_last_page_len; qo_indptr for several
+// query tokens), so the host passes nothing that changes from step to step and no
+// metadata kernel runs before the decode.
 //
 // Every block computes the same split from the same lengths (hipmla/schedule.py is the
 // bit-for-bit host model; tests/test_schedule.py holds them together):
 //
-//   total  = sum of the batch's token counts
+//   rows_s = n_s x head_groups: sequence s's rows (16 heads of one of its n_s query tokens)
+//   total  = sum over s of len_s x rows_s (the work, in token-rows)
 //   chunk  = round_up(max(ceil(total / split_target), split_min_tokens), split_align)
-//   n_s    = max(ceil(len_s / chunk), 1) items for sequence s, cut on split_align units as
-//            evenly as possible: item k = units [floor(U k / n_s), floor(U (k+1) / n_s))
-//            with U = ceil(len_s / split_align), clamped to len_s;
-//   fast_tile > 0: a last item with whole fast tiles and a remainder becomes two items
-//            (the whole tiles, then the remainder), so every item is either whole tiles
+//   k_s    = max(ceil(len_s / chunk), 1) token ranges of sequence s, cut on split_align
+//            units as evenly as possible: range k = units [floor(U k / k_s),
+//            floor(U (k+1) / k_s)) with U = ceil(len_s / split_align), clamped to len_s;
+//   fast_tile > 0: a last range with whole fast tiles and a remainder becomes two ranges
+//            (the whole tiles, then the remainder), so every range is either whole tiles
 //            for the arch's fast kernel or shorter than one tile.
+//   items  = k_s x rows_s per sequence, range-major: item (k, r) of s is number
+//            first_s + k rows_s + r, so the rows that read the same kv range run side by
+//            side (they share it through L2). Row r = query token j = r / head_groups,
+//            head group r % head_groups; its item covers the range clamped to the
+//            tokens query token j sees: len_s - n_s + j + 1 (causal within the step).
+//            The items of one row are slots first_s + r + k rows_s (stride rows_s).
 //
-// Items are numbered sequence by sequence; item i is block i's and writes partial slot i.
-// A sequence whose indptr entries are invalid (core/paged.h, ERR_*) counts as empty and
-// its one item is `bad`; so is an item whose page ids leave the cache (each block checks
-// the pages of its own item). Bad items go to the portable kernel, never to a fast kernel
-// (`fast`); the block that runs one sets the error word (report_bad_item) and writes NaN
-// (output, or partial: the merge turns one NaN partial into a NaN output).
-// Sum over s of n_s <= total / chunk + b <= split_target + b (chunk >= total /
-// split_target), plus b with fast_tile: max_items() sizes the grid and the scratch.
-// Cost per block: ceil(b / THREADS) length reads per thread and two block scans.
+// Item i is block i's and writes partial slot i. A sequence whose indptr entries are
+// invalid (core/paged.h, ERR_*) counts as empty and its items are `bad`; so is an item
+// whose page ids leave the cache (each block checks the pages of its own item), and every
+// row of a sequence with fewer kv tokens than query tokens (ERR_Q_LEN; without qo_indptr
+// an empty sequence is valid: output 0, LSE -inf). A sequence with an invalid qo_indptr
+// range has no rows; block 0 sets ERR_QO. Bad items go to the portable kernel, never to a
+// fast kernel (`fast`); the block that runs one sets the error word (report_bad_item) and
+// writes NaN (output, or partial: the merge turns one NaN partial into a NaN output).
+// Sum over s of k_s rows_s <= total / chunk + sum rows_s <= split_target + t_q head_groups
+// (chunk >= total / split_target), plus as much again with fast_tile: max_items() sizes
+// the grid and the scratch. Cost per block: ceil(b / THREADS) length reads per thread and
+// two block scans.
 #pragma once
 
 #include "params.h"
@@ -33,10 +44,12 @@ namespace hipmla {
 
 struct WorkItem {
     int seq;         // -1: the grid is sized for the largest split; this block has no item
+    int row;         // 16 heads of one query token: q, out, lse and the counter of row
     int begin, end;  // tokens [begin, end) of the sequence
     int slot;        // this item's partial slot
-    int first_slot;  // the slot of the sequence's first item (its slots are consecutive)
-    int n_items;     // items of the sequence; 1: the item writes the output itself
+    int first_slot;  // the slot of the row's first item
+    int slot_stride; // its items' slots are first_slot + k slot_stride
+    int n_items;     // items of the row; 1: the item writes the output itself
     int bad;         // ERR_* bits: the item writes NaN instead of reading its rows
     int fast;        // whole fast_tile tiles of a valid item: the arch's fast kernel runs it
 };
@@ -112,9 +125,16 @@ HIPMLA_DEVICE WorkItem schedule_item(const MlaDecodeParams& p, int block, Schedu
     const int per = (p.batch + THREADS - 1) / THREADS;
     const int s0 = tid * per < p.batch ? tid * per : p.batch;
     const int s1 = s0 + per < p.batch ? s0 + per : p.batch;
+    const int groups = head_groups(p);
 
     long long mine = 0;
-    for (int s = s0; s < s1; ++s) mine += seq_extent(p, s).tokens;
+    int qo_bad = 0;
+    for (int s = s0; s < s1; ++s) {
+        const SeqQuery qy = seq_query(p, s);
+        qo_bad |= qy.bad;
+        mine += (long long)seq_extent(p, s).tokens * qy.n * groups;
+    }
+    if (qo_bad && block == 0 && p.errors != nullptr) atomic_or_device(p.errors, qo_bad);
     long long total = 0;
     block_exclusive_scan<THREADS>(mine, sm.scan, total);
 
@@ -124,9 +144,9 @@ HIPMLA_DEVICE WorkItem schedule_item(const MlaDecodeParams& p, int block, Schedu
     const SeqSplit split{chunk, p.split_align, p.fast_tile};
 
     long long count = 0;
-    for (int s = s0; s < s1; ++s) count += split.items(seq_extent(p, s).tokens);
+    for (int s = s0; s < s1; ++s) count += (long long)split.items(seq_extent(p, s).tokens) * seq_query(p, s).n * groups;
     if (tid == 0) {
-        sm.item = WorkItem{-1, 0, 0, -1, -1, 0, 0, 0};
+        sm.item = WorkItem{-1, -1, 0, 0, -1, -1, 0, -1, 0, 0};
         sm.bad_page = 0;
     }
     long long n_all = 0;
@@ -134,20 +154,31 @@ HIPMLA_DEVICE WorkItem schedule_item(const MlaDecodeParams& p, int block, Schedu
     if (block >= first && block < first + count) {
         for (int s = s0; s < s1; ++s) {
             const SeqExtent e = seq_extent(p, s);
+            const SeqQuery qy = seq_query(p, s);
             const int n = split.items(e.tokens);
-            if (block < first + n) {
+            const int rows = qy.n * groups;
+            if (block < first + (long long)n * rows) {
+                const int local = int(block - first);
+                const int k = local / rows, r = local % rows, j = r / groups;
                 WorkItem it;
                 it.seq = s;
-                split.range(e.tokens, int(block - first), it.begin, it.end);
+                it.row = (qy.first + j) * groups + r % groups;
+                split.range(e.tokens, k, it.begin, it.end);
+                // Causal within the step: query token j of n sees len - n + j + 1 tokens.
+                const int sees = e.tokens - qy.n + j + 1;
+                const int short_seq = p.qo_indptr != nullptr && e.tokens < qy.n;
+                if (it.end > sees) it.end = sees > 0 ? sees : 0;
+                if (it.begin > it.end) it.begin = it.end;
                 it.slot = block;
-                it.first_slot = int(first);
+                it.first_slot = int(first) + r;
+                it.slot_stride = rows;
                 it.n_items = n;
-                it.bad = e.bad;
+                it.bad = e.bad | (short_seq ? ERR_Q_LEN : 0);
                 it.fast = 0;
                 sm.item = it;
                 break;
             }
-            first += n;
+            first += (long long)n * rows;
         }
     }
     block_sync();

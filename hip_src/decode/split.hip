@@ -146,9 +146,9 @@ HIPMLA_DEVICE void stage_scales(Smem& sm, const MlaDecodeParams& p, KvRows kv, i
 }
 
 // Q of the sequence into shared memory, quantized in place when QP asks for it.
-HIPMLA_DEVICE void load_q(Smem& sm, const MlaDecodeParams& p, int seq) {
+HIPMLA_DEVICE void load_q(Smem& sm, const MlaDecodeParams& p, int row) {
     constexpr int chunks = HEADS * D_QK * 2 / 16;
-    const u32x4* src = static_cast<const u32x4*>(p.q) + (long long)seq * chunks;
+    const u32x4* src = static_cast<const u32x4*>(p.q) + (long long)row * chunks;
     for (int c = int(thread_index()); c < chunks; c += BLOCK_THREADS) {
         reinterpret_cast<u32x4*>(sm.q)[c] = src[c];
     }
@@ -234,7 +234,8 @@ HIPMLA_KERNEL(hipmla::BLOCK_THREADS) void HIPMLA_SPLIT_NAME(const MlaDecodeParam
     // An item with invalid device-side input reads nothing and writes NaN (below).
     report_bad_item(p, it);
     const int n_tokens = it.bad ? 0 : it.end - it.begin;
-    const int seq = it.seq;
+    const int seq = it.seq;  // its kv rows
+    const int row = it.row;  // its q, out and lse: 16 heads of one query token
     const int token_begin = it.begin;
     const int slot = it.n_items > 1 ? it.slot : -1;
     const KvRows kv = kv_rows(p, seq);
@@ -257,7 +258,7 @@ HIPMLA_KERNEL(hipmla::BLOCK_THREADS) void HIPMLA_SPLIT_NAME(const MlaDecodeParam
         for (int e = 0; e < ACC; ++e) acc[h][e] = 0.0f;
     }
 
-    load_q(sm, p, seq);
+    load_q(sm, p, row);
 
     for (int t0 = 0; t0 < n_tokens; t0 += TILE_TOKENS) {
         const int rows = n_tokens - t0 < TILE_TOKENS ? n_tokens - t0 : TILE_TOKENS;
@@ -348,7 +349,7 @@ HIPMLA_KERNEL(hipmla::BLOCK_THREADS) void HIPMLA_SPLIT_NAME(const MlaDecodeParam
             p.part_ml[(slot * HEADS + mh) * 2 + 1] = l;
         } else if (p.lse != nullptr) {
             // l = 0 only for an empty sequence; NaN (a bad item) stays NaN.
-            p.lse[seq * HEADS + mh] = !(l <= 0.0f) ? (m_run + log2_f32(l)) * 0.6931471805599453f : neg_inf;
+            p.lse[(long long)row * HEADS + mh] = !(l <= 0.0f) ? (m_run + log2_f32(l)) * 0.6931471805599453f : neg_inf;
         }
     }
     block_sync();
@@ -373,7 +374,7 @@ HIPMLA_KERNEL(hipmla::BLOCK_THREADS) void HIPMLA_SPLIT_NAME(const MlaDecodeParam
                     // An empty sequence has l = 0 and acc = 0: its output is 0 (a bad one NaN).
                     const float o0 = !(l <= 0.0f) ? a0 / l : 0.0f;
                     const float o1 = !(l <= 0.0f) ? a1 / l : 0.0f;
-                    unsigned* dst = static_cast<unsigned*>(p.out) + (((long long)seq * HEADS + head) * D_V + col + e) / 2;
+                    unsigned* dst = static_cast<unsigned*>(p.out) + (((long long)row * HEADS + head) * D_V + col + e) / 2;
                     *dst = pack_bf16x2(o0, o1);
                 }
             }

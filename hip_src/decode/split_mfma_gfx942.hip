@@ -190,9 +190,9 @@ struct QOperand {
     u32x2 step[CHUNKS][STEPS_PER_CHUNK];
 };
 
-HIPMLA_DEVICE QOperand load_q_operand(const MlaDecodeParams& p, int seq) {
+HIPMLA_DEVICE QOperand load_q_operand(const MlaDecodeParams& p, int row) {
     QOperand op;
-    const unsigned short* q = static_cast<const unsigned short*>(p.q) + ((long long)seq * HEADS + lane_col()) * D_QK;
+    const unsigned short* q = static_cast<const unsigned short*>(p.q) + ((long long)row * HEADS + lane_col()) * D_QK;
 #pragma unroll
     for (int j = 0; j < CHUNKS; ++j) {
         const u32x4* src = reinterpret_cast<const u32x4*>(q + CHUNK * j + LANE_CHUNK * lane_rowgroup());
@@ -281,7 +281,8 @@ HIPMLA_KERNEL(hipmla::fast942::THREADS) void HIPMLA_FAST_NAME(const MlaDecodePar
     if (it.seq < 0 || (p.fast_tile > 0 && !it.fast)) return;
     // An item with invalid device-side input reads no KV and writes NaN (below).
     const int n_tokens = it.bad ? 0 : it.end - it.begin;
-    const int seq = it.seq;
+    const int seq = it.seq;  // its kv rows
+    const int row = it.row;  // its q, out and lse: 16 heads of one query token
     const int n_tiles = (n_tokens + TILE - 1) / TILE;  // the last one may be partial
     const int last = it.begin + n_tokens - 1;          // the item's last token (n_tokens > 0)
     const int slot = it.n_items > 1 ? it.slot : -1;
@@ -295,7 +296,7 @@ HIPMLA_KERNEL(hipmla::fast942::THREADS) void HIPMLA_FAST_NAME(const MlaDecodePar
     const float score_scale = KV == FORMAT_FP8 ? p.sm_scale_log2 * p.kv_fp8_scale : p.sm_scale_log2;
     const float value_scale = KV == FORMAT_FP8 ? p.kv_fp8_scale : 1.0f;
 
-    const QOperand q = load_q_operand(p, seq);
+    const QOperand q = load_q_operand(p, row);
 
     float m_run = running_max_start();  // head h, log2 units; equal in the 4 lane groups
     float l_lane = 0.0f;    // head h, this lane's tokens
@@ -378,7 +379,7 @@ HIPMLA_KERNEL(hipmla::fast942::THREADS) void HIPMLA_FAST_NAME(const MlaDecodePar
         p.part_ml[(slot * HEADS + h) * 2] = big_m;
         p.part_ml[(slot * HEADS + h) * 2 + 1] = big_l;
     } else if (slot < 0 && lane < HEADS && w == 0 && p.lse != nullptr) {
-        p.lse[seq * HEADS + h] = big_l <= 0.0f ? f32_from_bits(0xff800000u) : (big_m + log2_f32(big_l)) * 0.6931471805599453f;
+        p.lse[(long long)row * HEADS + h] = big_l <= 0.0f ? f32_from_bits(0xff800000u) : (big_m + log2_f32(big_l)) * 0.6931471805599453f;
     }
 #pragma unroll
     for (int round = 0; round < MERGE_ROUNDS; ++round) {
@@ -407,7 +408,7 @@ HIPMLA_KERNEL(hipmla::fast942::THREADS) void HIPMLA_FAST_NAME(const MlaDecodePar
                 if (slot >= 0) {
                     *reinterpret_cast<f32x2*>(p.part_acc + ((long long)slot * HEADS + h) * D_V + col) = f32x2{v0, v1};
                 } else {
-                    *reinterpret_cast<unsigned*>(static_cast<unsigned short*>(p.out) + ((long long)seq * HEADS + h) * D_V + col) =
+                    *reinterpret_cast<unsigned*>(static_cast<unsigned short*>(p.out) + ((long long)row * HEADS + h) * D_V + col) =
                         pack_bf16x2(v0 / denom, v1 / denom);
                 }
             }

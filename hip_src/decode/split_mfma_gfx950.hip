@@ -171,8 +171,8 @@ HIPMLA_DEVICE unsigned e2m1_code(float r) {
 
 // Quantizes Q of `seq` block by block (OCP floor rule, RNE, saturating) into element
 // codes + E8M0 in shared memory: the numerics of hip_src/KERNELS.md step 1.
-HIPMLA_DEVICE void stage_q(QStage& qs, const MlaDecodeParams& p, int seq) {
-    const unsigned short* q = static_cast<const unsigned short*>(p.q) + (long long)seq * HEADS * D_QK;
+HIPMLA_DEVICE void stage_q(QStage& qs, const MlaDecodeParams& p, int row) {
+    const unsigned short* q = static_cast<const unsigned short*>(p.q) + (long long)row * HEADS * D_QK;
     for (int b = int(thread_index()); b < HEADS * SCALES; b += THREADS) {
         const int h = b / SCALES, blk = b % SCALES;
         const unsigned short* x = q + h * D_QK + blk * MX_BLOCK;
@@ -352,7 +352,8 @@ HIPMLA_KERNEL(hipmla::fast950::THREADS) void HIPMLA_FAST_NAME(const MlaDecodePar
     if (it.seq < 0 || (p.fast_tile > 0 && !it.fast)) return;
     // An item with invalid device-side input reads no KV and writes NaN (below).
     const int n_tokens = it.bad ? 0 : it.end - it.begin;
-    const int seq = it.seq;
+    const int seq = it.seq;  // its kv rows
+    const int row = it.row;  // its q, out and lse: 16 heads of one query token
     const int n_tiles = (n_tokens + TILE - 1) / TILE;  // the last one may be partial
     const int last = it.begin + n_tokens - 1;          // the item's last token (n_tokens > 0)
     const int slot = it.n_items > 1 ? it.slot : -1;
@@ -365,7 +366,7 @@ HIPMLA_KERNEL(hipmla::fast950::THREADS) void HIPMLA_FAST_NAME(const MlaDecodePar
 
     LaneScales scales = {};
     if (n_tiles > 0) scales = fetch_quarter(sm.start.first[w], p, quarter_rows(kv, quarter_begin, last));
-    stage_q(sm.start.q, p, seq);
+    stage_q(sm.start.q, p, row);
     block_sync();
     const QOperand q = load_q_operand(sm.start.q);
     block_sync();  // buf[1] (where Q was) is free for the first prefetch
@@ -479,7 +480,7 @@ HIPMLA_KERNEL(hipmla::fast950::THREADS) void HIPMLA_FAST_NAME(const MlaDecodePar
         p.part_ml[(slot * HEADS + h) * 2] = big_m;
         p.part_ml[(slot * HEADS + h) * 2 + 1] = big_l;
     } else if (slot < 0 && lane < HEADS && p.lse != nullptr) {
-        p.lse[seq * HEADS + h] = big_l <= 0.0f ? f32_from_bits(0xff800000u) : (big_m + log2_f32(big_l)) * 0.6931471805599453f;
+        p.lse[(long long)row * HEADS + h] = big_l <= 0.0f ? f32_from_bits(0xff800000u) : (big_m + log2_f32(big_l)) * 0.6931471805599453f;
     }
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
@@ -492,7 +493,7 @@ HIPMLA_KERNEL(hipmla::fast950::THREADS) void HIPMLA_FAST_NAME(const MlaDecodePar
             dst[0] = f32x4{v[0], v[1], v[2], v[3]};
             dst[1] = f32x4{v[4], v[5], v[6], v[7]};
         } else {
-            u32x4* dst = reinterpret_cast<u32x4*>(static_cast<unsigned short*>(p.out) + ((long long)seq * HEADS + h) * D_V + col);
+            u32x4* dst = reinterpret_cast<u32x4*>(static_cast<unsigned short*>(p.out) + ((long long)row * HEADS + h) * D_V + col);
             *dst = u32x4{pack_bf16x2(v[0] / denom, v[1] / denom), pack_bf16x2(v[2] / denom, v[3] / denom),
                          pack_bf16x2(v[4] / denom, v[5] / denom), pack_bf16x2(v[6] / denom, v[7] / denom)};
         }

@@ -12,6 +12,7 @@
 //   HIPMLA_KV_FORMAT    0 bf16, 1 fp8 (e4m3fn), 2 mxfp4
 //   HIPMLA_Q_PRECISION  0 (bf16 Q: the bf16 tensor-core product takes it as it is)
 //   HIPMLA_FP8_FNUZ     0 (NVIDIA fp8 is e4m3fn)
+// Test only: HIPMLA_SELFTEST_BREAK scales the output by 1.5 (hipmla.selftest.broken).
 //
 // Block = 8 warps, 256 threads. Tile = 32 tokens (4 n-tiles of 8). The warps split the
 // DIMENSIONS, not the tokens: warp w owns latent columns [64w, 64w + 64) (4 k16-steps of
@@ -201,7 +202,8 @@ extern "C" __global__ void __launch_bounds__(hipmla::sm90k::THREADS, 2) HIPMLA_S
     // An item with invalid device-side input reads nothing and writes NaN (below).
     report_bad_item(p, it);
     const int n = it.bad ? 0 : it.end - it.begin;
-    const int seq = it.seq;
+    const int seq = it.seq;  // its kv rows
+    const int row = it.row;  // its q, out and lse: 16 heads of one query token
     const int slot = it.n_items > 1 ? it.slot : -1;
     const KvRows rows = kv_rows(p, seq);
     const float neg_inf = f32_from_bits(0xff800000u);
@@ -212,7 +214,7 @@ extern "C" __global__ void __launch_bounds__(hipmla::sm90k::THREADS, 2) HIPMLA_S
     unsigned qa[KSTEPS][4];
     unsigned qr[2];
     {
-        const unsigned short* q = static_cast<const unsigned short*>(p.q) + (long long)seq * HEADS * D_QK;
+        const unsigned short* q = static_cast<const unsigned short*>(p.q) + (long long)row * HEADS * D_QK;
 #pragma unroll
         for (int kk = 0; kk < KSTEPS; ++kk) {
 #pragma unroll
@@ -477,13 +479,17 @@ extern "C" __global__ void __launch_bounds__(hipmla::sm90k::THREADS, 2) HIPMLA_S
             p.part_ml[(slot * HEADS + sh) * 2 + 1] = l;
         } else if (p.lse != nullptr) {
             // l = 0 only for an empty sequence; NaN (a bad item) stays NaN.
-            p.lse[seq * HEADS + sh] = !(l <= 0.0f) ? (m_run + log2_f32(l)) * 0.6931471805599453f : neg_inf;
+            p.lse[(long long)row * HEADS + sh] = !(l <= 0.0f) ? (m_run + log2_f32(l)) * 0.6931471805599453f : neg_inf;
         }
     }
     block_sync();
 
     // 2^QSHIFT undoes K' = K * 2^-QSHIFT (exact); fp8's tensor scale is one factor (split.hip).
+#ifdef HIPMLA_SELFTEST_BREAK  // test only (hipmla.selftest.broken): a wrong build its check must catch
+    const float out_scale = 1.5f * exp2_int(QSHIFT) * (FP8 ? p.kv_fp8_scale : 1.0f);
+#else
     const float out_scale = exp2_int(QSHIFT) * (FP8 ? p.kv_fp8_scale : 1.0f);
+#endif
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {
         const int head = g + 8 * hh;
@@ -500,7 +506,7 @@ extern "C" __global__ void __launch_bounds__(hipmla::sm90k::THREADS, 2) HIPMLA_S
                         p.part_acc[((long long)slot * HEADS + head) * D_V + d] = a;
                     } else {
                         // An empty sequence has l = 0 and O = 0: its output is 0 (a bad one NaN).
-                        static_cast<unsigned short*>(p.out)[((long long)seq * HEADS + head) * D_V + d] =
+                        static_cast<unsigned short*>(p.out)[((long long)row * HEADS + head) * D_V + d] =
                             (unsigned short)f32_to_bf16_bits(!(lh <= 0.0f) ? a / lh : 0.0f);
                     }
                 }
