@@ -40,7 +40,9 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
+from hipmla import perfmodel
 from hipmla.kernels import FORMAT_CODES, KernelSpec, kernels_for_arch, translation_unit
+from hipmla.perfmodel import MFMA_CYCLES, SIMDS_PER_CU
 
 #: Where ``build`` writes by default and the runtime looks after ``$HIPMLA_AOT_DIR``:
 #: None means :func:`default_aot_dir` at the time of the call (a Path set here wins).
@@ -96,8 +98,7 @@ VGPRS_PER_SIMD_LANE = 512
 VGPR_GRANULE = 8
 MAX_WAVES_PER_SIMD = 8
 SGPRS_FOR_FULL_OCCUPANCY = 100
-SIMDS_PER_CU = 4
-WAVE_SIZE = 64
+WAVE_SIZE = 64  # SIMDS_PER_CU (4) comes from hipmla.perfmodel, which issues on the same SIMDs
 
 
 @dataclass(frozen=True)
@@ -512,11 +513,12 @@ def check_budget(rows: Sequence[KernelResources]) -> list[str]:
     return problems
 
 
-# --- instruction counts and the MI355X / MI300X prediction --------------------------------
+# --- instruction counts of the fast kernels (the performance model's input) ---------------
 #
 # Static counts of a kernel's tile loop (the backward branch whose body holds the most
 # MFMAs), read from ``llvm-objdump -d``. For the fast kernels one trip of that loop is one
-# 128-token tile for each of the block's waves, so the counts are per wave and tile.
+# 128-token tile for each of the block's waves, so the counts are per wave and tile. The
+# cycles an MFMA issues for are the model's (hipmla.perfmodel.MFMA_CYCLES).
 
 _INSTRUCTION = re.compile(r"^\s+([a-z][a-z0-9_]*)\b(.*?//\s*([0-9A-Fa-f]+):.*)$")
 _BRANCH_TARGET = re.compile(r"<[^>+]+\+0x([0-9a-fA-F]+)>")
@@ -586,25 +588,6 @@ def main_loop(instructions: Sequence[Instruction], symbol: str, base: int) -> li
     return best
 
 
-#: Issue cycles of one MFMA on MI355X, from the datasheet's dense peaks at 2.4 GHz over
-#: 256 CUs x 4 SIMDs: bf16 2.5 PFLOP/s = 1024 FLOP per SIMD and clock -> 16x16x32 (16,384
-#: FLOP) takes 16; MXFP4 10 PFLOP/s -> 16x16x128 (65,536 FLOP) fp4 x fp4 takes 16, with an
-#: fp8 operand the 5 PFLOP/s fp8 rate -> 32.
-#: On MI300X (gfx942; only the gfx942 kernel uses the k = 16 bf16 MFMA), from AMD's MI300X
-#: datasheet: 1307.4 TFLOP/s dense bf16 at 2.1 GHz over 304 CUs x 4 SIMDs = 512 FLOP per
-#: SIMD and clock -> 16x16x16 (8,192 FLOP) takes 16.
-MFMA_CYCLES = {
-    "v_mfma_f32_16x16x32_bf16": 16,
-    "v_mfma_f32_16x16x16_bf16": 16,
-    "v_mfma_scale_f32_16x16x128_f8f6f4/fp4": 16,
-    "v_mfma_scale_f32_16x16x128_f8f6f4/fp8": 32,
-}
-#: A wave64 VALU instruction on a 16-lane SIMD: 4 cycles (the 157 TFLOP/s fp32 vector peak
-#: counts packed dual FMAs); transcendentals run at a quarter of that rate.
-VALU_CYCLES = 4
-TRANSCENDENTAL_CYCLES = 16
-#: LDS bandwidth per CU and clock (CDNA3/CDNA4 ISA guides: 128 bytes).
-LDS_BYTES_PER_CLOCK = 128
 _TRANSCENDENTAL = ("v_exp_", "v_log_", "v_rcp_", "v_rsq_", "v_sqrt_", "v_sin_", "v_cos_")
 _LDS_WIDTH = {"b128": 16, "b96": 12, "b64": 8, "2addr_b64": 16}
 
@@ -658,88 +641,12 @@ def loop_counts(co_path: Path, symbol: str) -> LoopCounts:
     return count_loop(main_loop(instructions, symbol, base), symbol)
 
 
-@dataclass(frozen=True)
-class Device:
-    """Datasheet numbers of the prediction's target."""
-
-    name: str
-    num_cus: int
-    clock_hz: float
-    hbm_bytes_per_s: float
-
-
-MI355X = Device("MI355X", num_cus=256, clock_hz=2.4e9, hbm_bytes_per_s=8.0e12)
-#: AMD Instinct MI300X datasheet: 304 CUs, 2.1 GHz peak engine clock, 5.3 TB/s HBM3.
-MI300X = Device("MI300X", num_cus=304, clock_hz=2.1e9, hbm_bytes_per_s=5.3e12)
-#: The device each arch's fast kernels are predicted on.
-DEVICES = {"gfx950": MI355X, "gfx942": MI300X}
-#: KV bytes per token of each cache format (mxfp4 adds its scale row stride).
-KV_ROW_BYTES = {"bf16": 1152, "fp8": 576, "mxfp4": 288}
-#: DESIGN.md's benchmark: bs x kv_len, q_len 1, 16 heads.
-BENCHMARK_SHAPES = tuple((bs, n) for bs in (4, 32, 64, 256) for n in (1024, 8192))
-
-
-@dataclass(frozen=True)
-class Prediction:
-    batch: int
-    kv_len: int
-    hbm_us: float  # bytes moved at the datasheet bandwidth: the floor
-    compute_us: tuple[float, float]  # issue-bound makespan: MFMA and VALU overlapped / serial
-    predicted_us: tuple[float, float]  # max(hbm, compute), both ends
-
-
-def predict(counts: LoopCounts, waves_per_simd: int, batch: int, kv_len: int, *,
-            device: Device = MI355X, waves_per_block: int = 4, kv_format: str = "mxfp4",
-            scale_stride: int = 18) -> Prediction:
-    """A roofline prediction for one uniform batch on the fast kernel (all of the
-    benchmark's lengths are whole tiles). Per tile, each of the block's waves runs one
-    loop trip on its own SIMD: MFMA and VALU cycles overlapped (low) or serial (high), the
-    LDS at LDS_BYTES_PER_CLOCK per CU; blocks resident per CU share the SIMDs. Items come
-    from the device schedule (hipmla.schedule) and are dealt longest first to the least loaded CU. Not modelled:
-    launch latency, the per-item schedule prologue / merge, memory latency.
-    ``kv_format`` sets the bytes per token (``scale_stride`` the mxfp4 scale row)."""
-    from hipmla.schedule import SplitPolicy, schedule  # numpy-only; keep aot import-light
-
-    # the decoder's policy on gfx950/gfx942: the fast kernel takes every item
-    items = schedule([kv_len] * batch, SplitPolicy.for_device(device.num_cus))
-    length = items.end - items.begin
-    whole = length > 0
-    blocks_per_cu = max(1, waves_per_simd * SIMDS_PER_CU // waves_per_block)
-    valu = counts.valu * VALU_CYCLES + counts.transcendental * (TRANSCENDENTAL_CYCLES - VALU_CYCLES)
-    lds = counts.lds_bytes * waves_per_block / LDS_BYTES_PER_CLOCK
-    per_tile = (max(counts.mfma_cycles, valu, lds), max(counts.mfma_cycles + valu, lds))
-    tiles = -(-length[whole] // 128)  # a partial last tile costs a whole one
-    loads = [0] * (device.num_cus * blocks_per_cu)
-    for t in sorted(tiles.tolist(), reverse=True):
-        i = loads.index(min(loads))
-        loads[i] += t
-    # A CU's resident blocks interleave on its SIMDs: a slot runs at 1 / blocks_per_cu.
-    makespan_tiles = max(loads) * blocks_per_cu
-    compute = tuple(makespan_tiles * c / device.clock_hz * 1e6 for c in per_tile)
-    if kv_format not in KV_ROW_BYTES:
-        raise ValueError(f"kv_format: expected one of {', '.join(KV_ROW_BYTES)}, got {kv_format!r}")
-    token_bytes = KV_ROW_BYTES[kv_format] + (scale_stride if kv_format == "mxfp4" else 0)
-    bytes_moved = (batch * kv_len * token_bytes + batch * 16 * 576 * 2 + batch * 16 * 512 * 2
-                   + int((items.n_items > 1).sum()) * 16 * (512 + 2) * 4 * 2)
-    hbm = bytes_moved / device.hbm_bytes_per_s * 1e6
-    return Prediction(batch, kv_len, hbm, compute, (max(hbm, compute[0]), max(hbm, compute[1])))
-
-
 def format_counts(rows: Sequence[tuple[KernelResources, LoopCounts]]) -> str:
     lines = ["per wave and 128-token tile (main loop, static): "
              "symbol  MFMA (cycles)  VALU (transc.)  LDS (bytes)  global loads  SALU  total"]
     for r, c in rows:
         lines.append(f"{c.symbol} {r.arch}: MFMA {c.mfma} ({c.mfma_cycles} cyc)  VALU {c.valu} ({c.transcendental})  "
                      f"LDS {c.lds} ({c.lds_bytes} B)  global loads {c.global_loads}  SALU {c.salu}  total {c.total}")
-    return "\n".join(lines)
-
-
-def format_predictions(symbol: str, predictions: Sequence[Prediction], device: Device = MI355X) -> str:
-    lines = [f"{symbol}: PREDICTED {device.name} time per decode (not measured; roofline model of "
-             f"hipmla.aot.predict), us", "  shape      HBM bound   compute (overlap..serial)   predicted"]
-    for p in predictions:
-        lines.append(f"  {p.batch:>3}x{p.kv_len:<5} {p.hbm_us:9.1f}   {p.compute_us[0]:9.1f} .. {p.compute_us[1]:<9.1f}"
-                     f"   {p.predicted_us[0]:.1f} .. {p.predicted_us[1]:.1f}")
     return "\n".join(lines)
 
 
@@ -758,11 +665,11 @@ def fast_report(rows: Sequence[KernelResources], out_dir: Path) -> str:
         return "no fast kernels among the built archs"
     parts.append(format_counts([(r, c) for r, _, c in counted]))
     for r, spec, c in counted:
-        device = DEVICES[r.arch]
+        device = perfmodel.DEVICES[r.arch]
         kv = next(k for k, code in FORMAT_CODES.items() if ("HIPMLA_KV_FORMAT", str(code)) in spec.defines)
-        parts.append(format_predictions(
-            r.symbol, [predict(c, r.waves_per_simd, bs, n, device=device, kv_format=kv) for bs, n in BENCHMARK_SHAPES],
-            device))
+        parts.append(perfmodel.format_predictions(
+            r.symbol, [perfmodel.predict(c, r.waves_per_simd, bs, n, device=device, kv_format=kv)
+                       for bs, n in perfmodel.BENCHMARK_SHAPES], device))
     return "\n\n".join(parts)
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from hipmla import aot
+from hipmla import aot, perfmodel
 
 
 def _have_clang() -> bool:
@@ -643,7 +643,7 @@ def test_gfx950_fast_kernels_hold_their_registers(gfx950_rows):
         assert r.vgpr <= FAST_VGPR_CEILINGS[r.symbol] and r.lds_bytes <= 80 * 1024, aot.format_report(fast)
 
 
-# --- instruction counts and the MI355X prediction --------------------------------------
+# --- instruction counts of the fast kernels (the model itself: tests/test_perfmodel.py) ---
 
 DISASM = """
 /tmp/k.co:\tfile format elf64-amdgpu
@@ -687,23 +687,6 @@ def test_disassembly_errors_name_the_symbol():
         aot.main_loop(aot.parse_disassembly(DISASM, "other"), "other", 0x1100)
 
 
-def test_prediction_is_the_slower_of_memory_and_issue():
-    counts = aot.LoopCounts("k", mfma=42, mfma_cycles=832, valu=600, transcendental=9, lds=88,
-                            lds_bytes=40000, global_loads=11, salu=100, total=900)
-    big = aot.predict(counts, 1, 256, 8192)
-    # 256 x 8192 tokens x 306 B at 8 TB/s, plus Q, output and the planner's two partials
-    # per sequence (written and read back: +5%)
-    assert 256 * 8192 * 306 / 8e12 * 1e6 < big.hbm_us < 1.08 * 256 * 8192 * 306 / 8e12 * 1e6
-    lo, hi = big.compute_us
-    assert lo < hi and big.predicted_us == (max(big.hbm_us, lo), max(big.hbm_us, hi))
-    # twice the VALU work: the issue bound grows, the memory bound does not
-    heavy = aot.predict(aot.LoopCounts("k", 42, 832, 1200, 9, 88, 40000, 11, 100, 1500), 1, 256, 8192)
-    assert heavy.compute_us[0] > lo and heavy.hbm_us == big.hbm_us
-    # a small batch is bound by its longest item, not by bandwidth
-    small = aot.predict(counts, 1, 4, 1024)
-    assert small.compute_us[0] > small.hbm_us
-
-
 @pytest.fixture(scope="module")
 def fast_counts(gfx950_rows, tmp_path_factory):
     kernels, rows = gfx950_rows
@@ -728,25 +711,11 @@ def test_report_prints_predictions_for_every_benchmark_shape(gfx950_rows, tmp_pa
     fast = [r for r in rows if r.symbol.startswith("hipmla_decode_split_gfx950_")]
     text = aot.fast_report(fast, tmp_path)
     assert "PREDICTED MI355X" in text and "not measured" in text
-    for bs, n in aot.BENCHMARK_SHAPES:
+    for bs, n in perfmodel.BENCHMARK_SHAPES:
         assert f"{bs:>3}x{n:<5}" in text
 
 
-# --- the gfx942 fast kernels and the MI300X prediction ------------------------------------
-
-
-def test_prediction_reads_bytes_per_token_of_the_cache_format():
-    counts = aot.LoopCounts("k", mfma=136, mfma_cycles=2176, valu=400, transcendental=9, lds=2,
-                            lds_bytes=512, global_loads=100, salu=100, total=700)
-    tokens = 256 * 8192
-    for kv, row in (("bf16", 1152), ("fp8", 576), ("mxfp4", 288 + 18)):
-        p = aot.predict(counts, 1, 256, 8192, device=aot.MI300X, kv_format=kv)
-        # plus Q, output and the split partials (written and read back: +10% at most)
-        assert tokens * row / 5.3e12 * 1e6 < p.hbm_us < 1.1 * tokens * row / 5.3e12 * 1e6, kv
-    assert aot.DEVICES == {"gfx950": aot.MI355X, "gfx942": aot.MI300X}
-    assert (aot.MI300X.num_cus, aot.MI300X.clock_hz) == (304, 2.1e9)
-    with pytest.raises(ValueError, match="kv_format: expected one of bf16, fp8, mxfp4, got 'int4'"):
-        aot.predict(counts, 1, 4, 1024, kv_format="int4")
+# --- the gfx942 fast kernels and their report ------------------------------------------
 
 
 @pytest.fixture(scope="module")
@@ -793,5 +762,5 @@ def test_report_predicts_mi300x_for_gfx942(gfx942_fast):
     out, rows, _ = gfx942_fast
     text = aot.fast_report(rows, out)
     assert text.count("PREDICTED MI300X") == 3 and "MI355X" not in text
-    for bs, n in aot.BENCHMARK_SHAPES:
+    for bs, n in perfmodel.BENCHMARK_SHAPES:
         assert f"{bs:>3}x{n:<5}" in text
