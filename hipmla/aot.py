@@ -8,6 +8,10 @@ note, prints one line per kernel and architecture and fails when a kernel breaks
 project's budget (no scratch, no spills, LDS within one CU). This is the compile
 evidence for AMD targets on machines that have no AMD GPU.
 
+With ``--report`` it also counts the tile loops of the fast kernels (llvm-objdump) and
+hands the counts to the performance model (:mod:`hipmla.perfmodel`), which prints the
+H200 calibration and the PREDICTED MI355X / MI300X times.
+
 The same objects serve the runtime: before it compiles a kernel with hiprtc it calls
 :func:`find_prebuilt`, which returns an object only when it was built from exactly the
 translation unit and options the runtime is about to compile.
@@ -41,7 +45,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from hipmla import perfmodel
-from hipmla.kernels import FORMAT_CODES, KernelSpec, kernels_for_arch, translation_unit
+from hipmla.kernels import FORMAT_CODES, KernelSpec, fast_kernels, kernels_for_arch, translation_unit
 from hipmla.perfmodel import MFMA_CYCLES, SIMDS_PER_CU
 
 #: Where ``build`` writes by default and the runtime looks after ``$HIPMLA_AOT_DIR``:
@@ -439,8 +443,10 @@ def read_resources(
 # --- all kernels, report, budget -----------------------------------------------------------
 
 
-def build_all(archs: Sequence[str], out_dir: Path | None = None, jobs: int = 2) -> list[KernelResources]:
+def build_all(archs: Sequence[str], out_dir: Path | None = None, jobs: int = 2, *,
+              fast_only: bool = False) -> list[KernelResources]:
     """Build every kernel for every arch (``jobs`` compilers at once); rows in arch, kernel order.
+    ``fast_only``: the archs' fast kernels alone (what the performance model counts).
 
     ``out_dir`` defaults to :func:`default_aot_dir` (the user cache), where the runtime looks.
     Every failure is collected before raising, so one run shows all broken kernels.
@@ -460,7 +466,8 @@ def build_all(archs: Sequence[str], out_dir: Path | None = None, jobs: int = 2) 
                               dynamic_lds_bytes=spec.dynamic_shared_bytes)
 
     with ThreadPoolExecutor(max_workers=jobs) as pool:
-        futures = [pool.submit(build, spec, arch) for arch in archs for spec in kernels_for_arch(arch)]
+        specs = fast_kernels if fast_only else kernels_for_arch
+        futures = [pool.submit(build, spec, arch) for arch in archs for spec in specs(arch)]
     rows, errors = [], []
     for future in futures:
         try:
@@ -650,10 +657,9 @@ def format_counts(rows: Sequence[tuple[KernelResources, LoopCounts]]) -> str:
     return "\n".join(lines)
 
 
-def fast_report(rows: Sequence[KernelResources], out_dir: Path) -> str:
-    """Instruction counts and predictions (MI355X for gfx950, MI300X for gfx942) for the
-    fast kernels among ``rows`` (built into ``out_dir`` by :func:`build_all`)."""
-    parts = []
+def count_fast(rows: Sequence[KernelResources], out_dir: Path) -> list[tuple[KernelResources, KernelSpec, LoopCounts]]:
+    """The fast kernels among ``rows`` (built into ``out_dir`` by :func:`build_all`), each
+    with its tile loop counted."""
     counted = []
     for r in rows:
         spec = next((s for s in kernels_for_arch(r.arch) if s.symbol == r.symbol), None)
@@ -661,16 +667,32 @@ def fast_report(rows: Sequence[KernelResources], out_dir: Path) -> str:
             continue
         co = compile_offline(spec, r.arch, out_dir)  # already built: returns the object
         counted.append((r, spec, loop_counts(co, r.symbol)))
+    return counted
+
+
+def kernel_model(r: KernelResources, spec: KernelSpec, counts: LoopCounts) -> perfmodel.KernelModel:
+    """What the performance model needs of a counted fast kernel on its arch's device."""
+    kv = next(k for k, code in FORMAT_CODES.items() if ("HIPMLA_KV_FORMAT", str(code)) in spec.defines)
+    return perfmodel.amd_kernel(counts, r.waves_per_simd, r.arch, kv, tile_tokens=spec.tile_tokens,
+                                waves_per_block=-(-spec.block_threads // WAVE_SIZE))
+
+
+def fast_report(rows: Sequence[KernelResources], out_dir: Path) -> str:
+    """Instruction counts of the fast kernels among ``rows``, then the performance model's
+    report: the H200 calibration and their PREDICTED times (MI355X for gfx950, MI300X for
+    gfx942)."""
+    counted = count_fast(rows, out_dir)
     if not counted:
         return "no fast kernels among the built archs"
-    parts.append(format_counts([(r, c) for r, _, c in counted]))
-    for r, spec, c in counted:
-        device = perfmodel.DEVICES[r.arch]
-        kv = next(k for k, code in FORMAT_CODES.items() if ("HIPMLA_KV_FORMAT", str(code)) in spec.defines)
-        parts.append(perfmodel.format_predictions(
-            r.symbol, [perfmodel.predict(c, r.waves_per_simd, bs, n, device=device, kv_format=kv)
-                       for bs, n in perfmodel.BENCHMARK_SHAPES], device))
-    return "\n\n".join(parts)
+    models = [kernel_model(*c) for c in counted]
+    return format_counts([(r, c) for r, _, c in counted]) + "\n\n" + perfmodel.calibration_report(models)
+
+
+def fast_kernel_models(archs: Sequence[str], out_dir: Path | None = None, jobs: int = 2) -> list[perfmodel.KernelModel]:
+    """Build (or find built) the fast kernels of ``archs`` and model each from its counts."""
+    out = default_aot_dir() if out_dir is None else Path(out_dir)
+    rows = build_all(archs, out, jobs, fast_only=True)
+    return [kernel_model(*c) for c in count_fast(rows, out)]
 
 
 # --- runtime lookup ----------------------------------------------------------------------
@@ -732,9 +754,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                              "~/.cache/hipmla/aot; the runtime looks there and in $HIPMLA_AOT_DIR)")
     parser.add_argument("--jobs", type=_positive_int, default=2, help="compilers run at once (default: 2)")
     parser.add_argument("--report", action="store_true",
-                        help="also count the fast kernels' instructions per 128-token tile and print a "
-                             "PREDICTED time per benchmark shape (MI355X for gfx950, MI300X for gfx942) "
-                             "next to the HBM bound")
+                        help="also count the fast kernels' instructions per 128-token tile and print the "
+                             "performance model: its H200 calibration (predicted vs measured) and a "
+                             "PREDICTED time range per benchmark shape (MI355X for gfx950, MI300X for gfx942); "
+                             "'python -m hipmla model' prints the same without the resource table")
     args = parser.parse_args(argv)
     archs = [a.strip() for a in args.arch.split(",") if a.strip()]
     if not archs:

@@ -1,4 +1,4 @@
-"""``python -m hipmla``: check, build, bench, profile and the NVIDIA runtime helper."""
+"""``python -m hipmla``: check, build, model, bench, profile and the NVIDIA runtime helper."""
 
 from __future__ import annotations
 
@@ -35,6 +35,7 @@ HOST_NUM_CUS = 256  # the host emulator plans for an MI355X (256 CUs)
 #: Commands with their own argument parsers, in the modules that implement them.
 DELEGATED = {
     "build": ("hipmla.aot", "ahead-of-time build of every kernel with clang, plus a resource report"),
+    "model": ("hipmla.perfmodel", "the performance model: H200 predicted vs measured, PREDICTED MI355X/MI300X times"),
     "bench": ("hipmla.bench", "device time per decode call against the memory roofline (GPU)"),
     "profile": ("hipmla.profile", "one shape under rocprofv3 with a per-kernel summary (ROCm)"),
     "nvidia-runtime": ("hipmla.nvidia", "build the HIP-on-CUDA library that runs hipmla on NVIDIA GPUs"),
@@ -349,7 +350,7 @@ def cmd_check(args) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m hipmla",
-                                description="MLA decode attention for AMD Instinct GPUs: check, build, bench, "
+                                description="MLA decode attention for AMD Instinct GPUs: check, build, model, bench, "
                                             "profile, and the NVIDIA runtime helper.",
                                 epilog="Results go to stdout, progress and notes to stderr (the 'hipmla' "
                                        "logger). Environment variables: docs/ENVIRONMENT.md.")

@@ -710,7 +710,8 @@ def test_report_prints_predictions_for_every_benchmark_shape(gfx950_rows, tmp_pa
     kernels, rows = gfx950_rows
     fast = [r for r in rows if r.symbol.startswith("hipmla_decode_split_gfx950_")]
     text = aot.fast_report(fast, tmp_path)
-    assert "PREDICTED MI355X" in text and "not measured" in text
+    assert text.count("PREDICTED MI355X") == 2 and "not measured" in text
+    assert "predicted (calibrated) vs measured" in text  # the H200 calibration follows the counts
     for bs, n in perfmodel.BENCHMARK_SHAPES:
         assert f"{bs:>3}x{n:<5}" in text
 
@@ -764,3 +765,18 @@ def test_report_predicts_mi300x_for_gfx942(gfx942_fast):
     assert text.count("PREDICTED MI300X") == 3 and "MI355X" not in text
     for bs, n in perfmodel.BENCHMARK_SHAPES:
         assert f"{bs:>3}x{n:<5}" in text
+
+
+def test_fast_kernel_models_build_only_the_fast_kernels(gfx942_fast):
+    """``python -m hipmla model``'s path: the fast kernels alone (found already built here,
+    so no object appears), each modelled on the arch's device."""
+    out, rows, counts = gfx942_fast
+    before = sorted(out.glob("*.co"))
+    models = aot.fast_kernel_models(["gfx942"], out)
+    assert sorted(out.glob("*.co")) == before
+    assert [m.kv_format for m in models] == ["bf16", "fp8", "mxfp4"]
+    assert [m.name for m in models] == [r.symbol for r in rows]
+    for m, r in zip(models, rows):
+        assert m.device is perfmodel.MI300X and m.tile_tokens == 128
+        assert m.blocks_per_cu == r.waves_per_simd  # 4 waves a block on 4 SIMDs
+        assert m.tile_issue_cycles == perfmodel.amd_tile_cycles(counts[m.name])
