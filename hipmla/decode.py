@@ -33,6 +33,7 @@ from typing import Callable
 import numpy as np
 
 from hipmla import kernels, runtime
+from hipmla import selftest as _selftest  # Decoder(selftest=...) is a keyword
 from hipmla.emulate import FAST_SCHEDULES, LOG2E, emulate_decode
 from hipmla.formats import KV_FORMATS, KVCache
 from hipmla.paging import PAGE_SIZES, KvLayout, as_layout, check_page_size
@@ -384,11 +385,17 @@ class DecoderConfig:
 
 
 class Decoder:
-    """MLA decode for one KV format and Q precision on one device and stream."""
+    """MLA decode for one KV format and Q precision on one device and stream.
+
+    ``selftest``: whether a kernel other than the portable one must first pass its
+    known-answer check (:mod:`hipmla.selftest`; None: unless ``HIPMLA_SELFTEST=0``).
+    ``kernel``: a :class:`hipmla.kernels.KernelSpec` to run instead of the device's
+    choice (tests, trials). ``kernel_symbol`` names the kernel the decoder runs."""
 
     def __init__(self, kv_format: str, sm_scale: float, *, q_precision: str = "auto",
                  heads: int = kernels.HEADS, device: int = 0, stream=None,
-                 max_batch: int = DEFAULT_MAX_BATCH):
+                 max_batch: int = DEFAULT_MAX_BATCH, selftest: bool | None = None,
+                 kernel: kernels.KernelSpec | None = None):
         check_choice(kv_format, "kv_format", KV_FORMATS)
         if isinstance(device, bool) or not isinstance(device, (int, np.integer)):
             raise TypeError(f"device: expected a device index (int), got {type(device).__name__} {device!r}")
@@ -407,9 +414,15 @@ class Decoder:
         self.fp8_variant = fp8_variant_for(arch)
         # One kernel takes every item of a step (any length; partial tiles masked inside):
         # the arch's fast kernel for this cache format and Q where it has one (gfx950,
-        # gfx942), else the sm_90 tensor-core kernel for bf16 Q, else the portable kernel.
-        self._fast = kernels.fast_split_kernel(arch, kv_format, q_precision)
-        self._split = self._fast or kernels.main_split_kernel(arch, kv_format, q_precision)
+        # gfx942), else the sm_90 tensor-core kernel for bf16 Q, else the portable kernel
+        # (or ``kernel``, for tests and trials). One that is not the portable kernel serves
+        # only once it passed its known-answer check on this arch (hipmla.selftest; the
+        # verdict is kept per code object), else the portable kernel does.
+        chosen = kernels.decoder_kernel(arch, kv_format, q_precision) if kernel is None \
+            else kernels.check_serves(kernel, arch, kv_format, q_precision)
+        self._split = _selftest.trusted_kernel(chosen, self.device, requested=selftest)
+        self._fast = self._split if self._split.tile_tokens else None
+        self.kernel_symbol = self._split.symbol
         self.policy = SplitPolicy.for_device(self.device.num_cus)
         self._split_fn = runtime.load_kernel(self._split, arch)
         self._scratch: runtime.DeviceBuffer | None = None

@@ -9,7 +9,8 @@ them (:mod:`hipmla.runtime`, :mod:`hipmla.aot`) and imports no GPU library:
 - :class:`KernelSpec` names a kernel symbol, its source and its ``-D`` specialisation;
 - :func:`fast_split_kernel` picks an arch's fast split kernel for whole tiles (gfx950
   MXFP4: the scaled MFMA; gfx942 any cache with bf16 Q: the bf16 MFMA), or None where
-  the portable kernel does everything;
+  the portable kernel does everything; :func:`decoder_kernel` is the one kernel a
+  decoder launches (that fast kernel, else the sm_90 or the portable kernel);
 - :func:`translation_unit` turns a source file into one self-contained string, because
   hiprtc and NVRTC see no include path.
 """
@@ -285,3 +286,29 @@ def main_split_kernel(arch: str, kv_format: str, q_precision: str) -> KernelSpec
     if isinstance(arch, str) and arch.split(":", 1)[0] == "sm_90" and q_precision == "bf16":
         return sm90_split_kernel(kv_format)
     return split_kernel(kv_format, q_precision)
+
+
+def decoder_kernel(arch: str, kv_format: str, q_precision: str) -> KernelSpec:
+    """The one kernel a decoder launches for every item of a step: the arch's fast kernel
+    where it has one for the cache format and Q, else :func:`main_split_kernel`'s."""
+    return fast_split_kernel(arch, kv_format, q_precision) or main_split_kernel(arch, kv_format, q_precision)
+
+
+def variant_of(spec: KernelSpec) -> tuple[str, str]:
+    """``(kv_format, q_precision)`` a kernel is specialised for, read from its defines."""
+    names = {str(code): name for name, code in FORMAT_CODES.items()}
+    defines = dict(spec.defines)
+    return names[defines["HIPMLA_KV_FORMAT"]], names[defines["HIPMLA_Q_PRECISION"]]
+
+
+def check_serves(spec: KernelSpec, arch: str, kv_format: str, q_precision: str) -> KernelSpec:
+    """``spec``, if it builds for ``arch`` and reads this cache format with this Q precision."""
+    if not isinstance(spec, KernelSpec):
+        raise TypeError(f"kernel: expected a hipmla.kernels.KernelSpec, got {type(spec).__name__}")
+    if not spec.builds_for(arch):
+        raise ValueError(f"kernel: {spec.symbol} builds for {', '.join(spec.archs)}, not {arch}")
+    kv, qp = variant_of(spec)
+    if (kv, qp) != (kv_format, q_precision):
+        raise ValueError(f"kernel: {spec.symbol} reads a {kv} cache with {qp} Q, this decoder a "
+                         f"{kv_format} cache with {q_precision} Q")
+    return spec
