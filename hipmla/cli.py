@@ -1,4 +1,4 @@
-"""``python -m hipmla``: check, build, model, bench, profile and the NVIDIA runtime helper."""
+"""``python -m hipmla``: check, selftest, build, model, bench, profile and the NVIDIA runtime helper."""
 
 from __future__ import annotations
 
@@ -262,11 +262,26 @@ def _host_backend() -> Backend:
     return Backend("host-emulator", run)
 
 
-def _fail(message: str) -> SystemExit:
-    """A usage or set-up error of ``check``: the message on stderr, exit status 2."""
+def _fail(message: str, command: str = "check") -> SystemExit:
+    """A usage or set-up error of a command: the message on stderr, exit status 2."""
     end_status()
-    print(f"hipmla check: {message}", file=sys.stderr)
+    print(f"hipmla {command}: {message}", file=sys.stderr)
     return SystemExit(2)
+
+
+def _gpu_count(command: str) -> tuple[int, str]:
+    """``(devices, why none)`` hip-python reaches; exits naming ``HIPMLA_PLATFORM`` when
+    its value is bad."""
+    from hipmla import runtime
+
+    try:
+        runtime.platform_choice()  # HIPMLA_PLATFORM: a bad value is an error, not "no GPU"
+    except ValueError as e:
+        raise _fail(str(e), command) from None
+    try:
+        return runtime.device_count(), "hip-python reports no device"
+    except Exception as e:  # any failure to load or start HIP means "no GPU here"
+        return 0, str(e).splitlines()[0] if str(e) else type(e).__name__
 
 
 def _backend(device: str) -> Backend:
@@ -276,15 +291,7 @@ def _backend(device: str) -> Backend:
         return _host_backend()
     from hipmla import runtime
 
-    try:
-        runtime.platform_choice()  # HIPMLA_PLATFORM: a bad value is an error, not "no GPU"
-    except ValueError as e:
-        raise _fail(str(e)) from None
-    try:
-        count = runtime.device_count()
-        reason = "hip-python reports no device"
-    except Exception as e:  # any failure to load or start HIP means "no GPU here"
-        count, reason = 0, str(e).splitlines()[0] if str(e) else type(e).__name__
+    count, reason = _gpu_count("check")
     if count == 0:
         if device == "auto":
             log.info("no GPU reachable through hip-python (%s); checking on the host emulator",
@@ -345,13 +352,59 @@ def cmd_check(args) -> int:
     return 1 if failures else 0
 
 
+# ----------------------------------------------------------------------------- selftest
+
+
+def cmd_selftest(args) -> int:
+    from hipmla import runtime, selftest
+
+    count, reason = _gpu_count("selftest")
+    if count == 0:
+        raise _fail(f"no GPU reachable through hip-python ({reason.split('. ')[0].rstrip('.')}); "
+                    f"the self-test checks the kernels "
+                    f"on a device, so there is nothing to run here", "selftest")
+    if args.device >= count:
+        raise _fail(f"--device: expected a device index in [0, {count}), got {args.device}", "selftest")
+    info = runtime.device_info(args.device)
+    formats = KV_FORMATS if args.format == "all" else (args.format,)
+    plan = selftest.device_plan(info.arch, formats)
+    print(f"hipmla selftest {__version__}: {info.name} ({info.arch}:{args.device}); known case "
+          f"{'/'.join(map(str, selftest.CASE_LENS))} tokens, pages of {selftest.CASE_PAGE_SIZE}; bounds "
+          f"|out-emu| <= 2^-7 |emu| + {selftest.EMU_ATOL:g} x scale, |lse-emu| <= {selftest.EMU_LSE_ATOL:g}; "
+          f"verdicts in {selftest.verdict_dir() or '(none kept: HIPMLA_CACHE=0)'}", flush=True)
+    print(f"{'role':<8} {'kernel':<40} {'arch':<8} {'kv/q':<11} {'result':<6} {'worst':>9} {'lse':>9}  cached",
+          flush=True)
+    rows = []
+    for i, (spec, role) in enumerate(plan):
+        progress(f"[{i + 1}/{len(plan)}] {spec.symbol}")
+        verdict = selftest.check_kernel(spec, args.device, use_cache=not args.no_cache)
+        rows.append({"role": role, **verdict.to_json()})
+        end_status()
+        print(f"{role:<8} {verdict.symbol:<40} {verdict.arch:<8} {verdict.kv_format + '/' + verdict.q_precision:<11} "
+              f"{'pass' if verdict.passed else 'FAIL':<6} {verdict.worst_error:>9.2e} {verdict.lse_error:>9.2e}  "
+              f"{'yes' if verdict.cached else 'no'}", flush=True)
+        if not verdict.passed:
+            print(f"         {verdict.message}", flush=True)
+    failed = sum(not r["passed"] for r in rows)
+    print(f"{len(rows) - failed} passed, {failed} failed")
+    if args.json:
+        import json
+
+        report = {"device": info.name, "arch": info.arch, "index": args.device, "version": selftest.VERSION,
+                  "verdicts": rows}
+        with open(args.json, "w") as f:
+            json.dump(report, f, indent=1)
+            f.write("\n")
+    return 1 if failed else 0
+
+
 # ----------------------------------------------------------------------------- parser and main
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m hipmla",
-                                description="MLA decode attention for AMD Instinct GPUs: check, build, model, bench, "
-                                            "profile, and the NVIDIA runtime helper.",
+                                description="MLA decode attention for AMD Instinct GPUs: check, selftest, build, model, "
+                                            "bench, profile, and the NVIDIA runtime helper.",
                                 epilog="Results go to stdout, progress and notes to stderr (the 'hipmla' "
                                        "logger). Environment variables: docs/ENVIRONMENT.md.")
     p.add_argument("--version", action="version", version=f"hipmla {__version__}")
@@ -378,6 +431,20 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seed of the inputs (each sequence's data depends on the seed and its index only)")
     c.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
     c.set_defaults(func=cmd_check)
+
+    t = sub.add_parser(
+        "selftest", help="run each kernel of this GPU on a known case against the emulator",
+        description="Run a small known case (ragged, paged, with partial tiles) through every kernel a "
+                    "decoder picks on this GPU and, as the reference, the portable kernel, and compare "
+                    "each with the emulator's model of that kernel. Prints a table; exit status 1 when "
+                    "a kernel fails (its decoders fall back to the portable kernel), 2 without a GPU.")
+    t.add_argument("--format", default="all", choices=KV_FORMATS + ("all",))
+    t.add_argument("--device", type=non_negative_int, default=0, metavar="N", help="device index (default 0)")
+    t.add_argument("--json", metavar="PATH", default=None, help="also write the verdicts as JSON to PATH")
+    t.add_argument("--no-cache", action="store_true",
+                   help="run every check even where a verdict is stored (the new one replaces it)")
+    t.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
+    t.set_defaults(func=cmd_selftest)
 
     for name, (_module, help_text) in DELEGATED.items():
         sub.add_parser(name, help=help_text, add_help=False)

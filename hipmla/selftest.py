@@ -17,7 +17,8 @@ record on the ``hipmla`` logger) naming the kernel and what went wrong. A kernel
 cannot be built, loaded or launched fails too, but that verdict is not stored: it says
 nothing about the code object's numbers, and the next process tries again.
 
-``HIPMLA_SELFTEST=0`` (or ``Decoder(..., selftest=False)``) skips the check.
+``HIPMLA_SELFTEST=0`` (or ``Decoder(..., selftest=False)``) skips the check;
+``python -m hipmla selftest`` runs every check of the device and prints a table.
 """
 
 from __future__ import annotations
@@ -320,3 +321,20 @@ def broken(spec: kernels.KernelSpec) -> kernels.KernelSpec:
                          f"not {spec.source} ({spec.symbol})")
     return dataclasses.replace(spec, defines=spec.defines + ((BREAK_DEFINE, "1"),))
 
+
+def device_plan(arch: str, formats: tuple[str, ...]) -> list[tuple[kernels.KernelSpec, str]]:
+    """What ``python -m hipmla selftest`` checks on ``arch``, as ``(spec, role)``: every
+    kernel but the portable one that a decoder picks for these cache formats, whatever
+    its Q precision (role ``decoder``), then per format the portable kernel with the Q
+    ``q_precision="auto"`` picks (role ``portable``, the fallback's reference line)."""
+    from hipmla.decode import resolve_q_precision
+
+    plan: list[tuple[kernels.KernelSpec, str]] = []
+    for kv_format in formats:
+        for q_precision in kernels.Q_PRECISIONS:
+            spec = kernels.decoder_kernel(arch, kv_format, q_precision)
+            if spec.source != kernels.SPLIT_SOURCE and (spec, "decoder") not in plan:
+                plan.append((spec, "decoder"))
+    for kv_format in formats:
+        plan.append((kernels.split_kernel(kv_format, resolve_q_precision("auto", arch, kv_format)), "portable"))
+    return plan

@@ -1,5 +1,5 @@
 """Kernels that check themselves (hipmla.selftest): the known case, the comparison, the
-verdict cache, the decoder's fallback and its one warning, the opt-outs.
+verdict cache, the decoder's fallback and its one warning, the opt-outs and the CLI.
 
 CPU tests run on the faked runtime of tests/test_decode.py, with the case's runner
 replaced where they test the gate around it; two run the real runner on the fake (the
@@ -13,6 +13,8 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import subprocess
+import sys
 import warnings
 from types import SimpleNamespace
 
@@ -20,7 +22,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from hipmla import decode, kernels, runtime, selftest
+from hipmla import cli, decode, kernels, runtime, selftest
 from hipmla.formats import KV_FORMATS
 from hipmla.selftest import Comparison, KernelSelfTestWarning
 from test_decode import args, fake_runtime
@@ -326,6 +328,68 @@ def test_the_runner_fails_the_fakes_zeros(monkeypatch, verdicts):
     assert not verdict.passed and verdict.cached is False
     assert "outputs off the emulator" in verdict.message and "LSE" in verdict.message
     assert stored(verdicts.dir)[0]["passed"] is False  # a wrong answer is a verdict: stored
+
+
+# ----------------------------------------------------------------------------- the CLI
+
+
+@pytest.mark.parametrize("arch, decoder", [
+    ("sm_90", [f"hipmla_decode_split_sm90_{kv}_qbf16" for kv in KV_FORMATS]),
+    ("gfx950", ["hipmla_decode_split_gfx950_mxfp4_qfp8", "hipmla_decode_split_gfx950_mxfp4_qmxfp4"]),
+    ("gfx942", [f"hipmla_decode_split_gfx942_{kv}_qbf16" for kv in KV_FORMATS]),
+    ("gfx90a", []),
+])
+def test_device_plan_is_the_decoders_kernels_then_the_portable_ones(arch, decoder):
+    plan = selftest.device_plan(arch, KV_FORMATS)
+    assert [s.symbol for s, role in plan if role == "decoder"] == decoder
+    q = {"gfx950": {"mxfp4": "fp8"}}.get(arch, {})
+    assert [s.symbol for s, role in plan if role == "portable"] == \
+        [f"hipmla_decode_split_{kv}_q{q.get(kv, 'bf16')}" for kv in KV_FORMATS]
+
+
+def test_cli_without_a_gpu_says_so_and_exits_2(monkeypatch, capsys):
+    def no_device():
+        raise runtime.RuntimeUnavailable("no HIP runtime found: libamdhip64.so is not installed. Install ROCm")
+
+    monkeypatch.setattr(runtime, "device_count", no_device)
+    monkeypatch.delenv("HIPMLA_PLATFORM", raising=False)
+    with pytest.raises(SystemExit) as e:
+        cli.main(["selftest"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("hipmla selftest: no GPU reachable through hip-python (no HIP runtime found: "
+                          "libamdhip64.so is not installed)") and "nothing to run" in err
+
+
+def test_cli_without_a_gpu_from_the_shell_has_no_traceback():
+    from conftest import gpu_available
+
+    if gpu_available():
+        pytest.skip("a GPU is reachable here")
+    r = subprocess.run([sys.executable, "-m", "hipmla", "selftest"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "Traceback" not in r.stderr and "no GPU reachable" in r.stderr, r.stderr
+
+
+def test_cli_prints_a_table_writes_json_and_reuses_verdicts(monkeypatch, checks, capsys, tmp_path):
+    fake_runtime(monkeypatch, "sm_90")
+    monkeypatch.setattr(runtime, "device_count", lambda: 1)
+    report = tmp_path / "selftest.json"
+    assert cli.main(["selftest", "--json", str(report)]) == 0
+    out = capsys.readouterr().out
+    lines = [l for l in out.splitlines() if l.startswith(("decoder", "portable"))]
+    assert [l.split()[:2] for l in lines] == [["decoder", f"hipmla_decode_split_sm90_{kv}_qbf16"] for kv in KV_FORMATS] + \
+        [["portable", f"hipmla_decode_split_{kv}_qbf16"] for kv in KV_FORMATS]
+    assert all(l.split()[2] == "sm_90" and l.split()[4] == "pass" and l.endswith("no") for l in lines)
+    assert "6 passed, 0 failed" in out and str(checks.dir) in out
+    data = json.loads(report.read_text())
+    assert data["arch"] == "sm_90" and [v["role"] for v in data["verdicts"]] == ["decoder"] * 3 + ["portable"] * 3
+    assert cli.main(["selftest", "--format", "mxfp4"]) == 0
+    lines = [l for l in capsys.readouterr().out.splitlines() if l.startswith(("decoder", "portable"))]
+    assert len(lines) == 2 and all(l.endswith("yes") for l in lines) and len(checks.runs) == 6
+    checks.result = FAIL
+    assert cli.main(["selftest", "--format", "mxfp4", "--no-cache"]) == 1
+    out = capsys.readouterr().out
+    assert "FAIL" in out and FAIL.failure in out and "0 passed, 2 failed" in out and len(checks.runs) == 8
 
 
 # ----------------------------------------------------------------------------- on the GPU
