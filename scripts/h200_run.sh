@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # What one device call runs on the NVIDIA H200 (see README, "NVIDIA platform").
-#   scripts/h200_run.sh tests|check|bench|soak   — logs go to $OUT (default ./out)
+#   scripts/h200_run.sh tests|check|bench|soak|selftest   — logs go to $OUT (default ./out)
 set -uo pipefail
 OUT=${OUT:-out}
 mkdir -p "$OUT"
@@ -27,5 +27,9 @@ for step in "$@"; do
         timeout 500 python3 -m hipmla bench --iters 50 --out "$OUT" 2>"$OUT/bench_progress.log" | tee "$OUT/bench.txt" ;;
     soak)
         timeout 200 python3 scripts/soak.py --out "$OUT"; echo "soak rc=$?" ;;
+    selftest)
+        # Every kernel's known-answer check afresh, then the proof: the broken sm_90 build fails and falls back.
+        timeout 300 python3 -m hipmla selftest --no-cache --json "$OUT/selftest.json" | tee "$OUT/selftest.txt"
+        timeout 300 python3 scripts/selftest_proof.py --out "$OUT" 2>&1 | tee "$OUT/selftest_proof.txt" ;;
     esac
 done
