@@ -344,6 +344,94 @@ def write_files(rows, peer, out_dir: Path, info, copy_gbs: float, peak: float, r
             w.writerow(asdict(r))
 
 
+#: The issue's rows for several heads / query tokens: (heads, query tokens per sequence).
+MTP_CASES = ((128, 1), (16, 4))
+MTP_BATCHES = (32, 128)
+MTP_KV_LEN = 8192
+
+
+def matmul_tflops(n: int = 8192, iters: int = 10) -> float | None:
+    """Dense bf16 tensor-core rate of the device, measured: ``torch.matmul`` of two
+    ``n x n`` bf16 matrices, median of ``iters``. None without torch or its GPU."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    if not torch.cuda.is_available():
+        return None
+    a = torch.randn(n, n, dtype=torch.bfloat16, device="cuda")
+    b = torch.randn(n, n, dtype=torch.bfloat16, device="cuda")
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a @ b
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(iters):
+        start.record()
+        a @ b
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e-3)
+    del a, b
+    torch.cuda.empty_cache()
+    return 2 * n ** 3 / statistics.median(times) / 1e12
+
+
+def mtp_flops(heads: int, seen_tokens: int) -> int:
+    """FLOP of a step: a multiply-add per Q.K column (576) and P.V column (512) of every
+    score; ``seen_tokens`` sums the kv tokens each query token sees."""
+    return 2 * heads * seen_tokens * (576 + 512)
+
+
+def run_mtp_bench(formats, iters: int, device: int) -> list[dict]:
+    """µs (L2 flushed), TFLOP/s with % of the measured bf16 matmul rate, and GB/s of the
+    unique bytes with % of the measured read bandwidth, for MTP_CASES x MTP_BATCHES."""
+    info = runtime.device_info(device)
+    timer = Timer(info.l2_bytes)
+    read, mma = read_gbs(), matmul_tflops()
+    print(f"hipmla bench --mtp: {info.name} ({info.arch}), read {'-' if read is None else f'{read:.0f}'} GB/s, "
+          f"bf16 matmul {'-' if mma is None else f'{mma:.0f}'} TFLOP/s (both measured now), commit {git_commit()}",
+          flush=True)
+    rng = np.random.default_rng(0)
+    out_rows = []
+    print(f"{'kv':>5} {'heads':>5} {'q/seq':>5} {'bs':>4} {'med_us':>9} {'TFLOP/s':>8} {'%mma':>6} "
+          f"{'GB/s':>7} {'%read':>6}  kernel")
+    for fmt in formats:
+        kv = random_cache(max(MTP_BATCHES) * MTP_KV_LEN, fmt, rng)
+        stride = kv.scales.shape[1] if fmt == "mxfp4" else 0
+        for heads, n in MTP_CASES:
+            for b in MTP_BATCHES:
+                lens = np.full(b, MTP_KV_LEN)
+                t_q = b * n
+                layout = KvLayout.contiguous(lens)
+                qo = np.arange(0, t_q + 1, n, dtype=np.int32)
+                dec = Decoder(fmt, BENCH_SM_SCALE, heads=heads, device=device, max_batch=b, max_q_tokens=t_q)
+                q = rng.standard_normal((t_q, heads, 576), dtype=np.float32).astype(ml_dtypes.bfloat16)
+                host = {"q": q.view(np.uint16), "kv": kv.data, "kv_indptr": layout.kv_indptr.astype(np.int32),
+                        "qo_indptr": qo, "kv_scale": kv.scales}
+                bufs = {k: runtime.DeviceArray.from_host(np.ascontiguousarray(v)) if v is not None else None
+                        for k, v in host.items()}
+                bufs["out"] = runtime.DeviceArray((t_q, heads, 512), np.uint16)
+                extra = dict(fp8_scale=kv.fp8_scale if fmt == "fp8" else None)
+                med = statistics.median(timer.time(lambda: dec.run(**bufs, **extra), iters, flush=True))
+                seen = int(sum(MTP_KV_LEN - n + j + 1 for j in range(n))) * b
+                tflops = mtp_flops(heads, seen) / (med * 1e-6) / 1e12
+                moved = bytes_moved(fmt, int(lens.sum()), t_q, stride, 0, heads=heads)
+                gbs = moved / (med * 1e-6) / 1e9
+                row = dict(kv=fmt, heads=heads, q_per_seq=n, batch=b, kv_len=MTP_KV_LEN, med_us=med,
+                           tflops=tflops, pct_mma=None if mma is None else 100 * tflops / mma,
+                           gbs=gbs, pct_read=None if read is None else 100 * gbs / read, kernel=dec.kernel_symbol)
+                out_rows.append(row)
+                pct_mma = "-" if mma is None else f"{row['pct_mma']:.1f}"
+                pct_read = "-" if read is None else f"{row['pct_read']:.1f}"
+                print(f"{fmt:>5} {heads:>5} {n:>5} {b:>4} {med:9.1f} {tflops:8.1f} {pct_mma:>6} {gbs:7.0f} "
+                      f"{pct_read:>6}  {dec.kernel_symbol}", flush=True)
+                for a in bufs.values():
+                    if a is not None:
+                        a.free()
+                dec.close()
+    return out_rows
+
+
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="python -m hipmla bench")
     p.add_argument("--format", default="all", choices=KV_FORMATS + ("all",))
@@ -355,6 +443,9 @@ def main(argv: list[str]) -> int:
     p.add_argument("--out", type=Path, default=None, help="folder for bench.json and bench.csv")
     p.add_argument("--page-size", type=int, default=0,
                    help="0: contiguous cache (default); 1..128 (a power of two): a paged cache, pages in random order")
+    p.add_argument("--mtp", action="store_true",
+                   help="instead: 128 heads x 1 query token and 16 heads x 4 tokens at bs 32/128 x 8k "
+                        "(TFLOP/s against a bf16 matmul measured in the same run)")
     a = p.parse_args(argv)
     if not runtime.available():
         print("hipmla bench: no GPU reachable through hip-python", file=sys.stderr)
@@ -366,5 +457,11 @@ def main(argv: list[str]) -> int:
         p.error(f"--shapes: unknown {sorted(only - set(known))}; known: {', '.join(known)}")
     if a.page_size and a.page_size not in (1, 2, 4, 8, 16, 32, 64, 128):
         p.error(f"--page-size: expected 0 or a power of two in 1..128, got {a.page_size}")
+    if a.mtp:
+        rows = run_mtp_bench(formats, a.iters, a.device)
+        if a.out is not None:
+            a.out.mkdir(parents=True, exist_ok=True)
+            (a.out / "bench_mtp.json").write_text(json.dumps(rows, indent=1))
+        return 0
     run_bench(formats, a.iters, a.device, not a.no_torch, a.out, only, a.page_size)
     return 0

@@ -37,6 +37,7 @@ from hipmla import selftest as _selftest  # Decoder(selftest=...) is a keyword
 from hipmla.emulate import FAST_SCHEDULES, LOG2E, emulate_decode
 from hipmla.formats import KV_FORMATS, KVCache
 from hipmla.paging import PAGE_SIZES, KvLayout, as_layout, check_page_size
+from hipmla.queries import check_causal, check_heads, check_qo_indptr, q_lens
 from hipmla.reference import check_q
 from hipmla.schedule import INT32_MAX, SplitPolicy
 from hipmla.validate import check_choice, check_positive_finite, format_shape
@@ -379,8 +380,7 @@ class DecoderConfig:
         check_positive_finite(self.sm_scale, "sm_scale")
         if isinstance(self.heads, bool) or not isinstance(self.heads, (int, np.integer)):
             raise TypeError(f"heads: expected an int, got {type(self.heads).__name__} {self.heads!r}")
-        if self.heads != kernels.HEADS:
-            raise ValueError(f"heads: the kernels are built for {kernels.HEADS} heads, got {self.heads!r}")
+        check_heads(self.heads)  # every kernel runs 16 of them per work item
         object.__setattr__(self, "heads", int(self.heads))  # a numpy integer would reach ctypes fields
 
 
@@ -394,8 +394,8 @@ class Decoder:
 
     def __init__(self, kv_format: str, sm_scale: float, *, q_precision: str = "auto",
                  heads: int = kernels.HEADS, device: int = 0, stream=None,
-                 max_batch: int = DEFAULT_MAX_BATCH, selftest: bool | None = None,
-                 kernel: kernels.KernelSpec | None = None):
+                 max_batch: int = DEFAULT_MAX_BATCH, max_q_tokens: int | None = None,
+                 selftest: bool | None = None, kernel: kernels.KernelSpec | None = None):
         check_choice(kv_format, "kv_format", KV_FORMATS)
         if isinstance(device, bool) or not isinstance(device, (int, np.integer)):
             raise TypeError(f"device: expected a device index (int), got {type(device).__name__} {device!r}")
@@ -427,6 +427,7 @@ class Decoder:
         self._split_fn = runtime.load_kernel(self._split, arch)
         self._scratch: runtime.DeviceBuffer | None = None
         self._max_batch = 0
+        self._max_q_tokens = 0
         self._slots = 0
         self._params = kernels.DecodeParams()
         # f32 exactly as the emulator forms it: the scale rounded to f32, times log2(e).
@@ -437,15 +438,21 @@ class Decoder:
         self._params.split_min_tokens = self.policy.min_split_tokens
         self._params.split_align = self.policy.align_tokens
         self._params.fast_tile = self.policy.fast_tile
+        self._params.head_groups = self.config.heads // kernels.HEADS
         self._last_key: tuple | None = None  # arguments of the last run, already resolved
         self._launch: Callable[[], None] | None = None  # the launch _last_key was built for
-        self.reserve(max_batch)
+        self.reserve(max_batch, max_q_tokens)
 
     # -- capacity -------------------------------------------------------------------
 
     @property
     def max_batch(self) -> int:
         return self._max_batch
+
+    @property
+    def max_q_tokens(self) -> int:
+        """Query tokens a step may have (``max_batch`` with one per sequence)."""
+        return self._max_q_tokens
 
     @property
     def tile_tokens(self) -> int:
@@ -455,10 +462,11 @@ class Decoder:
             return FAST_SCHEDULES[self.device.arch.split(":", 1)[0]].quarter
         return self._split.softmax_tile
 
-    def emulate(self, q, kv: KVCache, layout, *, seqs=None) -> tuple[np.ndarray, np.ndarray]:
+    def emulate(self, q, kv: KVCache, layout, *, seqs=None, qo_indptr=None) -> tuple[np.ndarray, np.ndarray]:
         """What this decoder's kernel computes, by the numpy emulator: the same schedule,
         tiles and Q quantization (``hipmla.emulate.emulate_decode``)."""
-        kw: dict = dict(q_precision=self.config.q_precision, q_fp8_variant=self.fp8_variant, seqs=seqs)
+        kw: dict = dict(q_precision=self.config.q_precision, q_fp8_variant=self.fp8_variant, seqs=seqs,
+                        qo_indptr=qo_indptr)
         if self._fast is not None:
             kw.update(fast_schedule=FAST_SCHEDULES[self.device.arch.split(":", 1)[0]], fast_any_length=True)
         else:
@@ -469,22 +477,30 @@ class Decoder:
     def scratch_bytes(self) -> int:
         return 0 if self._scratch is None else self._scratch.nbytes
 
-    def reserve(self, max_batch: int) -> None:
-        """Size the partials scratch and the counters for batches of up to ``max_batch``
-        sequences (any lengths). Grows only; not for inside a step: it allocates, and
-        it waits for enqueued work before it frees the old buffers — so reserve before
-        capturing a graph, which then keeps using these buffers."""
+    def reserve(self, max_batch: int, max_q_tokens: int | None = None) -> None:
+        """Size the partials scratch and the counters for steps of up to ``max_batch``
+        sequences and ``max_q_tokens`` query tokens (default ``max_batch``: one each), any
+        lengths. Grows only; not for inside a step: it allocates, and it waits for enqueued
+        work before it frees the old buffers — so reserve before capturing a graph, which
+        then keeps using these buffers."""
+        limit = INT32_MAX // 4 // kernels.HEADS
         if isinstance(max_batch, bool) or not isinstance(max_batch, (int, np.integer)) \
-                or not 1 <= max_batch <= INT32_MAX // 4:
-            raise ValueError(f"max_batch: expected an integer in [1, {INT32_MAX // 4}], got {max_batch!r}")
-        if max_batch <= self._max_batch:
+                or not 1 <= max_batch <= limit:
+            raise ValueError(f"max_batch: expected an integer in [1, {limit}], got {max_batch!r}")
+        if max_q_tokens is None:
+            max_q_tokens = max_batch
+        if isinstance(max_q_tokens, bool) or not isinstance(max_q_tokens, (int, np.integer)) \
+                or not 1 <= max_q_tokens <= limit:
+            raise ValueError(f"max_q_tokens: expected an integer in [1, {limit}], got {max_q_tokens!r}")
+        max_batch, max_q_tokens = max(int(max_batch), self._max_batch), max(int(max_q_tokens), self._max_q_tokens)
+        if max_batch == self._max_batch and max_q_tokens == self._max_q_tokens:
             return
         runtime.use_device(self.device.index)
-        slots = self.policy.max_items(int(max_batch))
-        heads = self.config.heads
-        acc_bytes = slots * heads * kernels.D_V * 4
-        ml_bytes = slots * heads * 2 * 4
-        words = int(max_batch) + 2  # the counters, the error word, padding
+        rows = max(max_q_tokens, max_batch) * self._params.head_groups  # rows: 16 heads of a query token
+        slots = self.policy.max_items(rows)
+        acc_bytes = slots * kernels.HEADS * kernels.D_V * 4
+        ml_bytes = slots * kernels.HEADS * 2 * 4
+        words = rows + 2  # the counters (one per row), the error word, padding
         grown = runtime.alloc(acc_bytes + ml_bytes + words * 4)
         try:
             # The merger resets each counter it finishes; they start at zero once, and so
@@ -496,19 +512,19 @@ class Decoder:
             raise
         if self._scratch is not None:
             self._scratch.free()
-        self._scratch, self._max_batch, self._slots = grown, int(max_batch), slots
+        self._scratch, self._max_batch, self._max_q_tokens, self._slots = grown, max_batch, max_q_tokens, slots
         p = self._params
         p.part_acc = grown.ptr
         p.part_ml = grown.ptr + acc_bytes
         p.counters = grown.ptr + acc_bytes + ml_bytes
-        p.errors = p.counters + int(max_batch) * 4
+        p.errors = p.counters + rows * 4
         self._last_key = None
 
     # -- launching ----------------------------------------------------------------
 
     def run(self, q, kv, kv_indptr, out, *, kv_indices=None, kv_last_page_len=None, page_size: int = 1,
             kv_scale=None, lse=None, fp8_scale: float | None = None, kv_scale_stride: int | None = None,
-            batch: int | None = None, stream=None) -> None:
+            batch: int | None = None, qo_indptr=None, q_tokens: int | None = None, stream=None) -> None:
         """Enqueue one decode step on ``stream`` (default: the decoder's). No host sync,
         no allocation, no copy: what changes between steps (lengths, page tables) is read
         by the kernels from ``kv_indptr``, ``kv_indices`` and ``kv_last_page_len``.
@@ -516,6 +532,14 @@ class Decoder:
         Arguments are checked once per distinct set of buffers — their addresses, shapes,
         dtypes and strides, not the objects — so new views of the same memory each step
         go straight to the launch. ``batch`` is needed when ``q`` is a raw address.
+
+        Several query tokens per sequence (MTP, speculative decoding): ``qo_indptr``
+        ``(b + 1,)`` int32 on the device gives sequence s the q rows ``qo_indptr[s] ..
+        qo_indptr[s+1] - 1``; ``q`` is then ``(t_q, heads, 576)``, ``out`` ``(t_q, heads,
+        512)``, ``lse`` ``(t_q, heads)``, causal within the step (query token j of n sees
+        the first ``len - n + j + 1`` kv tokens; ``len >= n`` is the caller's promise, checked
+        on the device: ERR_Q_LEN). ``batch`` is needed when ``qo_indptr`` is a raw address,
+        ``q_tokens`` (t_q) when ``q`` is.
         """
         runtime.use_device(self.device.index)
         s = self.stream if stream is None else stream
@@ -535,33 +559,55 @@ class Decoder:
                    kv_scale if kv_scale is None or type(kv_scale) is int else keyers[type(kv_scale)](kv_scale),
                    lse if lse is None or type(lse) is int else keyers[type(lse)](lse),
                    type(page_size), page_size, type(fp8_scale), fp8_scale, type(kv_scale_stride), kv_scale_stride,
-                   type(batch), batch, s)
+                   type(batch), batch,
+                   qo_indptr if qo_indptr is None or type(qo_indptr) is int else keyers[type(qo_indptr)](qo_indptr),
+                   type(q_tokens), q_tokens, s)
         except Exception:  # noqa: BLE001 - an argument that is no buffer: the full check refuses it
             key = None
         if key is None or key != self._last_key:
             self._last_key = None
             self._prepare(q, kv, kv_indptr, out, kv_indices, kv_last_page_len, page_size, kv_scale, lse,
-                          fp8_scale, kv_scale_stride, batch, check_stream(s))
+                          fp8_scale, kv_scale_stride, batch, check_stream(s), qo_indptr, q_tokens)
             self._last_key = key
         self._launch()
 
     def _prepare(self, q, kv, kv_indptr, out, kv_indices, kv_last_page_len, page_size, kv_scale, lse,
-                 fp8_scale, kv_scale_stride, batch, stream) -> None:
+                 fp8_scale, kv_scale_stride, batch, stream, qo_indptr=None, q_tokens=None) -> None:
         """Validate every argument and build the launch."""
         cfg = self.config
         h, fmt = cfg.heads, cfg.kv_format
         p = self._params
-        b = _batch(q, batch)
+        if qo_indptr is None:
+            if q_tokens is not None:
+                raise ValueError(f"q_tokens: {q_tokens!r} given without qo_indptr (one query token per sequence)")
+            b = t_q = _batch(q, batch)
+            p.qo_indptr = 0
+        else:
+            t_q = _batch(q, q_tokens, "q_tokens")
+            p.qo_indptr, qo_shape = device_ptr(qo_indptr, "qo_indptr", itemsize=4, shape=(None,), kinds="i")
+            if batch is not None:
+                b = _batch(q, batch)
+                if qo_shape is not None and qo_shape[0] != b + 1:
+                    raise ValueError(f"qo_indptr: expected {b + 1} entries (batch + 1), got {qo_shape[0]}")
+            elif qo_shape is None:
+                raise ValueError("batch: needed when qo_indptr is a raw address (the sequences of the step)")
+            elif qo_shape[0] < 2:
+                raise ValueError(f"qo_indptr: expected batch + 1 >= 2 entries, got {qo_shape[0]}")
+            else:
+                b = qo_shape[0] - 1
         if b > self._max_batch:
             raise ValueError(f"batch: {b} sequences exceed the {self._max_batch} this decoder reserved "
                              f"for; call reserve({b}) before the step")
-        p.q = device_ptr(q, "q", itemsize=2, shape=(b, h, kernels.D_QK), align=16)[0]
+        if t_q > self._max_q_tokens:
+            raise ValueError(f"q: {t_q} query tokens exceed the {self._max_q_tokens} this decoder reserved "
+                             f"for; call reserve({self._max_batch}, {t_q}) before the step")
+        p.q = device_ptr(q, "q", itemsize=2, shape=(t_q, h, kernels.D_QK), align=16)[0]
         kv_cols = kernels.D_QK // 2 if fmt == "mxfp4" else kernels.D_QK
         p.kv, kv_shape = device_ptr(kv, "kv", itemsize=2 if fmt == "bf16" else 1, shape=(None, kv_cols), align=16)
         p.kv_indptr = device_ptr(kv_indptr, "kv_indptr", itemsize=4, shape=(b + 1,), kinds="i")[0]
         # The kernels store up to 16 bytes of output at a time.
-        p.out = device_ptr(out, "out", itemsize=2, shape=(b, h, kernels.D_V), align=16, writable=True)[0]
-        p.lse = 0 if lse is None else device_ptr(lse, "lse", itemsize=4, shape=(b, h), kinds="f",
+        p.out = device_ptr(out, "out", itemsize=2, shape=(t_q, h, kernels.D_V), align=16, writable=True)[0]
+        p.lse = 0 if lse is None else device_ptr(lse, "lse", itemsize=4, shape=(t_q, h), kinds="f",
                                                  writable=True)[0]
         # The kernels read no row past the cache's and no page-table entry past its end
         # (0: a raw address, whose extent is the caller's promise).
@@ -604,7 +650,8 @@ class Decoder:
             else:
                 p.kv_fp8_scale = 1.0
         p.batch = b
-        grid = kernels.grid_decode(self.policy.max_items(b))
+        p.q_tokens = t_q
+        grid = kernels.grid_decode(self.policy.max_items(t_q * p.head_groups))
         # The launch gets its own copy of the parameters (the struct is read when a
         # launch is enqueued; a copy per launch keeps later edits of self._params out).
         self._launch = self._split_fn.bind(type(p).from_buffer_copy(p)).prepare(
@@ -628,11 +675,19 @@ class Decoder:
 
     # -- numpy convenience ----------------------------------------------------------
 
-    def decode(self, q: np.ndarray, kv: KVCache, layout) -> tuple[np.ndarray, np.ndarray]:
-        """Copy numpy inputs in, decode, copy out: ``(out bf16 (b,h,512), lse f32 (b,h))``.
-        ``layout`` is a :class:`hipmla.paging.KvLayout` or a host ``kv_indptr``."""
+    def decode(self, q: np.ndarray, kv: KVCache, layout, qo_indptr=None) -> tuple[np.ndarray, np.ndarray]:
+        """Copy numpy inputs in, decode, copy out: ``(out bf16 (t_q,h,512), lse f32 (t_q,h))``.
+        ``layout`` is a :class:`hipmla.paging.KvLayout` or a host ``kv_indptr``; ``qo_indptr``
+        a host array as :meth:`run` takes it on the device (checked here, causal rule too)."""
         layout = as_layout(layout)
-        check_q(q, batch=layout.batch)
+        if qo_indptr is None:
+            check_q(q, batch=layout.batch)
+        else:
+            check_q(q)
+            qo_indptr = check_qo_indptr(qo_indptr, layout.batch, q_tokens=q.shape[0])
+            check_causal(layout.seq_lens(), q_lens(qo_indptr, layout.batch))
+        if q.shape[1] != self.config.heads:
+            raise ValueError(f"q: this decoder serves {self.config.heads} heads, got shape {q.shape}")
         self._check_cache(kv)
         if kv.format == "mxfp4" and not isinstance(kv.scales, np.ndarray):
             raise ValueError(f"kv: an mxfp4 cache needs its E8M0 scales, got scales={kv.scales!r}")
@@ -641,18 +696,21 @@ class Decoder:
 
         if q.dtype != ml_dtypes.bfloat16:
             raise TypeError(f"q: the device path takes bfloat16 Q, got {q.dtype}")
-        b = layout.batch
-        self.reserve(b)
+        b, t_q = layout.batch, q.shape[0]
+        self.reserve(b, t_q)
         host = [q.view(np.uint16), kv.data, np.ascontiguousarray(layout.kv_indptr, dtype=np.int32)]
         if layout.paged:
             host += [np.ascontiguousarray(layout.kv_indices, dtype=np.int32),
                      np.ascontiguousarray(layout.kv_last_page_len, dtype=np.int32)]
         bufs = [runtime.DeviceArray.from_host(a) for a in host]
+        qo = None if qo_indptr is None else runtime.DeviceArray.from_host(np.ascontiguousarray(qo_indptr, np.int32))
         scale = runtime.DeviceArray.from_host(kv.scales) if kv.format == "mxfp4" else None
-        out = runtime.DeviceArray((b, self.config.heads, kernels.D_V), np.uint16)
-        lse = runtime.DeviceArray((b, self.config.heads), np.float32)
+        out = runtime.DeviceArray((t_q, self.config.heads, kernels.D_V), np.uint16)
+        lse = runtime.DeviceArray((t_q, self.config.heads), np.float32)
         paged = dict(kv_indices=bufs[3], kv_last_page_len=bufs[4], page_size=layout.page_size) \
             if layout.paged else {}
+        if qo is not None:
+            paged["qo_indptr"] = qo
         try:
             self.run(*bufs[:3], out, kv_scale=scale, lse=lse,
                      fp8_scale=kv.fp8_scale if kv.format == "fp8" else None, **paged)
@@ -661,7 +719,7 @@ class Decoder:
         finally:
             self._last_key = None
             self._launch = None
-            for a in bufs + [out, lse] + ([scale] if scale is not None else []):
+            for a in bufs + [out, lse] + [x for x in (scale, qo) if x is not None]:
                 a.free()
 
     def _check_cache(self, kv: KVCache) -> None:
@@ -682,7 +740,7 @@ class Decoder:
             runtime.use_device(self.device.index)
             self._scratch.free()
             self._scratch = None
-            self._max_batch = self._slots = 0
+            self._max_batch = self._max_q_tokens = self._slots = 0
 
     def __enter__(self) -> Decoder:
         return self
@@ -727,20 +785,22 @@ def check_stream(stream, name: str = "stream"):
                     f"stream object (hip-python, torch, CuPy), got {type(stream).__name__} {stream!r}")
 
 
-def _batch(q, batch) -> int:
+def _batch(q, batch, name: str = "batch") -> int:
+    """``batch`` (or ``q_tokens``) as given, else the rows of ``q``."""
     if batch is not None:
-        if isinstance(batch, bool) or not isinstance(batch, (int, np.integer)) or batch < 1:
-            raise ValueError(f"batch: expected an integer >= 1, got {batch!r}")
+        if isinstance(batch, bool) or not isinstance(batch, (int, np.integer)) or not 1 <= batch <= INT32_MAX:
+            raise ValueError(f"{name}: expected an integer in [1, {INT32_MAX}], got {batch!r}")
         return int(batch)
     if isinstance(q, (int, np.integer)) and not isinstance(q, bool):
-        raise ValueError("batch: needed when q is a raw address (the sequences of the step)")
+        what = "the sequences" if name == "batch" else "the query tokens"
+        raise ValueError(f"{name}: needed when q is a raw address ({what} of the step)")
     cai = _interface(q, "q")
     if cai is None:
         device_ptr(q, "q", itemsize=2)  # raises: says what q is instead
         raise TypeError(f"q: expected a device address (int) or a device buffer, got {type(q).__name__}")
     shape = _shape(cai, "q")
     if len(shape) != 3 or shape[0] < 1:
-        raise ValueError(f"q: expected shape (batch >= 1, {kernels.HEADS}, {kernels.D_QK}), got {shape}")
+        raise ValueError(f"q: expected shape (query tokens >= 1, heads, {kernels.D_QK}), got {shape}")
     return int(shape[0])
 
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # What one device call runs on the NVIDIA H200 (see README, "NVIDIA platform").
-#   scripts/h200_run.sh tests|check|bench|soak|selftest   — logs go to $OUT (default ./out)
+#   scripts/h200_run.sh tests|sanitize|check|bench|mtp|ncu|soak|selftest   — logs go to $OUT (default ./out)
 set -uo pipefail
 OUT=${OUT:-out}
 mkdir -p "$OUT"
@@ -23,8 +23,23 @@ for step in "$@"; do
         done ;;
     check)
         timeout 400 python3 -m hipmla check --format all --sample 8 2>/dev/null | tee "$OUT/check.txt" ;;
+    ncu)
+        # Nsight Compute on the decoder's kernel: one launch per (format, shape), after warm-up.
+        for case in ${NCU_CASES:-mxfp4:64x8k mxfp4:4x1k bf16:64x8k}; do
+            fmt=${case%%:*}; shape=${case#*:}
+            timeout 240 ncu --clock-control none -k regex:hipmla_decode -s 4 -c 1 \
+                --section SpeedOfLight --section LaunchStats --section Occupancy --section SchedulerStats \
+                --section WarpStateStats --section InstructionStats --section MemoryWorkloadAnalysis \
+                --section ComputeWorkloadAnalysis --section SourceCounters \
+                --metrics regex:smsp__average_warps_issue_stalled_.*_per_issue_active\\.ratio \
+                python3 -m hipmla bench --format "$fmt" --shapes "$shape" --iters 3 --no-torch \
+                > "$OUT/ncu_${fmt}_${shape}.txt" 2>&1
+            echo "ncu $fmt $shape rc=$?"; grep -E "Duration|Issue Slots Busy|Executed Ipc A|Achieved Occupancy|Registers Per|Memory Throughput|Warp Cycles Per Issued" "$OUT/ncu_${fmt}_${shape}.txt" | head -12
+        done ;;
     bench)
         timeout 500 python3 -m hipmla bench --iters 50 --out "$OUT" 2>"$OUT/bench_progress.log" | tee "$OUT/bench.txt" ;;
+    mtp)
+        timeout 400 python3 -m hipmla bench --mtp --iters 20 --out "$OUT" 2>"$OUT/bench_mtp_progress.log" | tee "$OUT/bench_mtp.txt" ;;
     soak)
         timeout 200 python3 scripts/soak.py --out "$OUT"; echo "soak rc=$?" ;;
     selftest)

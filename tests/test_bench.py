@@ -96,3 +96,10 @@ def test_cpu_host_bench_times_every_path_and_undoes_its_stub():
     assert [(r[0], r[1]) for r in rows] == [("contiguous", "4"), ("contiguous", "256"), ("paged", "4"),
                                             ("paged", "256")]
     assert all(float(x) > 0 for r in rows for x in r[2:])
+
+
+def test_mtp_flops_counts_both_products_of_every_score():
+    from hipmla.bench import MTP_CASES, mtp_flops
+
+    assert mtp_flops(16, 10) == 2 * 16 * 10 * (576 + 512)
+    assert (128, 1) in MTP_CASES and (16, 4) in MTP_CASES

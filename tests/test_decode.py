@@ -94,7 +94,8 @@ def test_decoder_config_validates():
     with pytest.raises(ValueError, match="sm_scale"):
         decode.DecoderConfig("mxfp4", -1.0)
     with pytest.raises(ValueError, match="heads"):
-        decode.DecoderConfig("mxfp4", 0.1, heads=32)
+        decode.DecoderConfig("mxfp4", 0.1, heads=48)
+    assert [decode.DecoderConfig("mxfp4", 0.1, heads=h).heads for h in (16, 32, 64, 128)] == [16, 32, 64, 128]
 
 
 def test_fp8_variant_follows_arch():
@@ -975,3 +976,80 @@ def test_emulate_models_the_decoders_own_kernel(monkeypatch, arch, q_precision):
     other = emulate_decode(inp.q, inp.kv, inp.layout, dec.config.sm_scale, dec.policy, q_precision=q_precision,
                            tile_tokens=16)
     assert not np.array_equal(got[0].view(np.uint16), other[0].view(np.uint16))  # the schedule matters
+
+
+# ----------------------------------------------------------------------------- several query tokens, heads
+
+
+def mtp_args(b: int, t_q: int, heads: int, **over) -> dict:
+    """run() keywords of a step with ``t_q`` query tokens over ``b`` sequences."""
+    return args(b, q=FakeCAI((t_q, heads, D_QK), "<u2", ADDR["q"]), out=FakeCAI((t_q, heads, D_V), "<u2", ADDR["out"]),
+                qo_indptr=FakeCAI((b + 1,), "<i4", 0x900000), **over)
+
+
+@pytest.mark.parametrize("heads", [16, 32, 128])
+def test_several_query_tokens_and_heads_reach_the_kernel(monkeypatch, heads):
+    """A step of 3 sequences with 7 query tokens: the grid covers every row (16 heads of
+    a query token), the counters one per row, the struct carries qo_indptr and the rows."""
+    gpu, dec = make(monkeypatch, heads=heads, max_batch=4, max_q_tokens=8)
+    groups = heads // 16
+    dec.run(**mtp_args(3, 7, heads), lse=FakeCAI((7, heads), "<f4", ADDR["lse"]))
+    (launch,) = gpu.launches
+    assert launch.qo_indptr == 0x900000 and launch.q_tokens == 7 and launch.head_groups == groups
+    assert launch.batch == 3
+    assert launch.grid[0] == dec.policy.max_items(7 * groups)
+    scratch = gpu.buffers[-1]
+    assert launch.errors - launch.counters == 4 * 8 * groups  # one counter per reserved row
+    assert launch.counters + 4 * 8 * groups + 8 <= scratch.ptr + scratch.nbytes
+    # One query token per sequence and 16 heads: exactly today's step.
+    gpu2, dec2 = make(monkeypatch, max_batch=4)
+    dec2.run(**args(3))
+    (plain,) = gpu2.launches
+    assert plain.qo_indptr == 0 and plain.q_tokens == 3 and plain.head_groups == 1
+    assert plain.grid[0] == dec2.policy.max_items(3)
+
+
+@pytest.mark.parametrize("over, name", [
+    (dict(q_tokens=5), "q_tokens"),                                                # without qo_indptr
+    (dict(qo_indptr=FakeCAI((5,), "<i4", 0x900000)), "indptr"),                   # 4 sequences, kv_indptr has 3
+    (dict(qo_indptr=FakeCAI((4,), "<f4", 0x900000)), "qo_indptr"),                # not int32
+    (dict(qo_indptr=0x900000), "batch"),                                           # raw: batch needed
+    (dict(q=0x100000, qo_indptr=FakeCAI((4,), "<i4", 0x900000)), "q_tokens"),     # raw q: q_tokens needed
+    (dict(q=FakeCAI((9, 32, D_QK), "<u2", ADDR["q"])), "query tokens"),          # more than reserved
+    (dict(q=FakeCAI((7, 16, D_QK), "<u2", ADDR["q"])), "q"),                     # not the decoder's heads
+    (dict(out=FakeCAI((3, 32, D_V), "<u2", ADDR["out"])), "out"),               # one row per query token
+])
+def test_bad_query_layouts_are_refused_before_launch(monkeypatch, over, name):
+    gpu, dec = make(monkeypatch, heads=32, max_batch=4, max_q_tokens=8)
+    a = mtp_args(3, 7, 32)
+    a.update(over)
+    if "q_tokens" in over and "qo_indptr" not in over:
+        del a["qo_indptr"]
+    with pytest.raises((ValueError, TypeError), match=name):
+        dec.run(**a)
+    assert not gpu.launches
+
+
+def test_decode_refuses_a_sequence_shorter_than_its_query_tokens(monkeypatch):
+    import ml_dtypes
+
+    from hipmla.formats import quantize_kv
+
+    gpu, dec = make(monkeypatch, kv_format="bf16")
+    kv = quantize_kv(np.zeros((5, D_QK), np.float32), "bf16")
+    q = np.zeros((4, 16, D_QK), ml_dtypes.bfloat16)
+    with pytest.raises(ValueError, match="sequence 1 has 2 kv tokens but 3 query tokens"):
+        dec.decode(q, kv, np.array([0, 3, 5]), qo_indptr=np.array([0, 1, 4]))
+    assert not gpu.launches
+
+
+def test_reserve_grows_for_query_tokens(monkeypatch):
+    gpu, dec = make(monkeypatch, max_batch=4)
+    assert dec.max_q_tokens == 4
+    before = dec.scratch_bytes
+    dec.reserve(4, 32)
+    assert dec.max_q_tokens == 32 and dec.max_batch == 4 and dec.scratch_bytes > before
+    dec.reserve(2, 8)  # grows only
+    assert dec.max_q_tokens == 32 and dec.max_batch == 4
+    with pytest.raises(ValueError, match="max_q_tokens"):
+        dec.reserve(4, 0)

@@ -14,7 +14,7 @@ from hipmla import decode
 from hipmla.cli import REFERENCE_TOL
 from hipmla.formats import KV_FORMATS
 from hipmla.inputs import benchmark_shapes, make_inputs, random_cache, random_seq_lens
-from hipmla.paging import KvLayout, gather, random_page_table
+from hipmla.paging import KvLayout, gather, random_page_table, take_rows
 from hipmla.reference import mla_decode_reference
 # Device vs emulator: the bounds every kernel's known-answer check holds it to too.
 from hipmla.selftest import EMU_ATOL, EMU_LSE_ATOL, EMU_RTOL
@@ -378,3 +378,76 @@ def test_invalid_device_input_gives_nan_and_an_error(decoders, kind, bit):
     assert np.abs(out[[0, 2]] - emu_out.astype(np.float32)).max() <= 2e-2 * np.abs(emu_out.astype(np.float32)).max()
     for a in list(dev.values()) + [d_out, d_lse]:
         a.free()
+
+
+# ----------------------------------------------------------------------------- query tokens, heads
+
+
+MTP_HEADS = (16, 32, 64, 128)
+
+
+@pytest.mark.parametrize("heads", MTP_HEADS)
+@pytest.mark.parametrize("kv_format", KV_FORMATS)
+def test_several_query_tokens_and_heads(kv_format, heads):
+    """q_len 1..8 ragged in one batch, with sequences of no query token, one whose kv
+    tokens equal its query tokens (the causal boundary: its first token sees one), a paged
+    cache, each head count: against the decoder's emulator and the exact reference."""
+    rng = np.random.default_rng(heads + len(kv_format))
+    q_lens = np.array([1, 8, 0, 3, 2, 5, 1, 4, 0, 7, 6, 2])
+    lens = q_lens + np.array([0, 0, 0, 40, 1, 700, 3000, 127, 5, 9000, 64, 300])
+    qo = np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int32)
+    t_q = int(qo[-1])
+    layout = random_page_table(lens, 16, rng, spare_pages=9, shared=2)
+    pool = random_cache((int(layout.kv_indices.max()) + 1) * 16, kv_format, rng, scale_stride=24)
+    q = rng.standard_normal((t_q, heads, 576), dtype=np.float32).astype(ml_dtypes.bfloat16)
+    with decode.Decoder(kv_format, SM_SCALE, heads=heads, max_batch=lens.size, max_q_tokens=t_q) as dec:
+        out, lse = dec.decode(q, pool, layout, qo_indptr=qo)
+        assert out.shape == (t_q, heads, 512) and lse.shape == (t_q, heads)
+        emu_out, emu_lse = dec.emulate(q, pool, layout, qo_indptr=qo)
+        what = f"{kv_format} {heads} heads, q_len {q_lens.tolist()}"
+        assert_close_to_emulator(out, lse, emu_out, emu_lse, what)
+        ref_out, ref_lse = mla_decode_reference(q, pool, layout, SM_SCALE, qo_indptr=qo)
+        assert_close_to_reference(out, lse, ref_out, ref_lse, what)
+        # The causal boundary: sequence 1 has 8 kv tokens and 8 query tokens; its first
+        # query token sees kv token 0 alone, so its output is that token's V.
+        v0 = pool.dequantize(layout.rows(1, 0, 1))[0, :512]
+        np.testing.assert_allclose(out[int(qo[1])].astype(np.float32), np.broadcast_to(v0, (heads, 512)),
+                                   rtol=2 ** -7, atol=1e-6)
+        dec.check_errors()
+
+
+def test_fewer_kv_than_query_tokens_on_the_device_gives_nan_and_an_error():
+    """L < n where only the device knows the lengths: those rows NaN, ERR_Q_LEN, others right."""
+    from hipmla import runtime
+
+    dec = decode.Decoder("bf16", SM_SCALE, heads=32, max_batch=3, max_q_tokens=8)
+    rng = np.random.default_rng(7)
+    lens = np.array([50, 2, 9])
+    qo = np.array([0, 2, 5, 6], np.int32)  # sequence 1: 3 query tokens, 2 kv tokens
+    kv = random_cache(int(lens.sum()), "bf16", rng)
+    q = rng.standard_normal((6, 32, 576), dtype=np.float32).astype(ml_dtypes.bfloat16)
+    layout = KvLayout.contiguous(lens)
+    dev = {k: runtime.DeviceArray.from_host(np.ascontiguousarray(v)) for k, v in
+           (("q", q.view(np.uint16)), ("kv", kv.data), ("kv_indptr", layout.kv_indptr.astype(np.int32)),
+            ("qo_indptr", qo))}
+    d_out = runtime.DeviceArray((6, 32, 512), np.uint16)
+    d_lse = runtime.DeviceArray((6, 32), np.float32)
+    try:
+        dec.run(out=d_out, lse=d_lse, **dev)
+        out = d_out.to_host().view(ml_dtypes.bfloat16).astype(np.float32)
+        lse = d_lse.to_host()
+        with pytest.raises(decode.DeviceInputError, match="fewer kv tokens") as e:
+            dec.check_errors()
+        assert e.value.bits == 32
+        assert np.isnan(out[2:5]).all() and np.isnan(lse[2:5]).all()
+        good = [0, 1, 5]
+        assert np.isfinite(out[good]).all()
+        # The other sequences, as a valid step of their own, by the exact reference.
+        kv_sub = take_rows(kv, np.concatenate([layout.rows(0), layout.rows(2)]))
+        ref_out, ref_lse = mla_decode_reference(q[good], kv_sub, KvLayout.contiguous(lens[[0, 2]]), SM_SCALE,
+                                                qo_indptr=np.array([0, 2, 3]))
+        assert_close_to_reference(out[good], lse[good], ref_out, ref_lse, "rows beside a short sequence")
+    finally:
+        for a in list(dev.values()) + [d_out, d_lse]:
+            a.free()
+        dec.close()
