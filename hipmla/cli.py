@@ -256,7 +256,8 @@ def _host_backend() -> Backend:
     def run(inputs, seqs, q_precision):
         t0 = time.perf_counter()
         out, lse = emulate_decode(inputs.q, inputs.kv, inputs.layout, inputs.sm_scale,
-                                  SplitPolicy.for_device(HOST_NUM_CUS), q_precision=q_precision, seqs=seqs)
+                                  SplitPolicy.for_device(HOST_NUM_CUS), q_precision=q_precision, seqs=seqs,
+                                  qo_indptr=inputs.qo_indptr)
         return out, lse, time.perf_counter() - t0
 
     return Backend("host-emulator", run)
@@ -328,6 +329,9 @@ def cmd_check(args) -> int:
     print(f"tolerance {tols}; reference = exact f64 attention over the dequantized cache; "
           f"{'all' if args.sample is None else f'up to {args.sample}'} sequences of each shape, "
           f"at the shape's length, seed {args.seed}", flush=True)
+    shape_tag = "" if (args.heads, args.q_len) == (16, 1) else f" h{args.heads}q{args.q_len}"
+    if shape_tag:
+        print(f"{args.heads} heads, {args.q_len} query tokens per sequence (causal within the step)", flush=True)
     print(HEADER, flush=True)
     failures = 0
     total = len(formats) * len(shapes)
@@ -337,13 +341,14 @@ def cmd_check(args) -> int:
         n = f"{len(seqs)} sequence{'' if len(seqs) == 1 else 's'}"
         progress(f"{step}: generating {n} of {shape.kv_len} tokens")
         inputs = make_sampled_inputs(shape.seq_lens, seqs, fmt, seed=args.seed,
-                                     fp8_variant=backend.fp8_variant())
+                                     fp8_variant=backend.fp8_variant(), heads=args.heads, q_len=args.q_len)
         q = q_of[fmt]
         progress(f"{step}: running {n}, {q} Q")
         out, lse, seconds = backend.run(inputs, np.arange(len(seqs)), q)
         progress(f"{step}: exact reference")
-        ref_out, ref_lse = mla_decode_reference(inputs.q, inputs.kv, inputs.layout, inputs.sm_scale)
-        row = CheckRow(shape.name, fmt, backend.label, q, len(seqs),
+        ref_out, ref_lse = mla_decode_reference(inputs.q, inputs.kv, inputs.layout, inputs.sm_scale,
+                                                qo_indptr=inputs.qo_indptr)
+        row = CheckRow(shape.name + shape_tag, fmt, backend.label, q, len(seqs),
                        *compare(out, lse, ref_out, ref_lse, REFERENCE_TOL[q]), seconds, LSE_TOL[q])
         failures += not row.ok
         end_status()
@@ -429,6 +434,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="comma-separated subset, e.g. 4x1k,256x8k")
     c.add_argument("--seed", type=non_negative_int, default=0,
                    help="seed of the inputs (each sequence's data depends on the seed and its index only)")
+    c.add_argument("--heads", type=int, default=16, choices=(16, 32, 64, 128),
+                   help="query heads (default 16)")
+    c.add_argument("--q-len", type=int_at_least(1), default=1,
+                   help="query tokens per sequence (MTP; default 1)")
     c.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
     c.set_defaults(func=cmd_check)
 

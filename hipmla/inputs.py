@@ -43,10 +43,11 @@ def benchmark_shapes() -> list[Shape]:
 
 @dataclass(frozen=True)
 class DecodeInputs:
-    q: np.ndarray  # (b, h, 576) bfloat16
+    q: np.ndarray  # (t_q, h, 576) bfloat16: t_q = b with one query token per sequence
     kv: KVCache
     layout: KvLayout  # where each sequence's rows are (contiguous, or a page table)
     sm_scale: float
+    qo_indptr: np.ndarray | None = None  # (b + 1,) query tokens per sequence; None: one each
 
     @property
     def batch(self) -> int:
@@ -146,6 +147,7 @@ def make_sampled_inputs(
     fp8_variant: str = "e4m3fn",
     scale_stride: int | None = None,
     rule: str = "even",
+    q_len: int = 1,
 ) -> DecodeInputs:
     """The sub-batch of sequences ``seqs`` of a batch with lengths ``seq_lens``, built
     without the rest of the batch: sequence ``seqs[i]`` becomes sequence ``i`` of the
@@ -156,9 +158,17 @@ def make_sampled_inputs(
     it (and whatever the batch's other lengths are). It is *not* the data
     :func:`make_inputs` gives that sequence: that one keys its generators by cache row.
     Q is N(0,1) in bf16, KV N(0,1) quantized as :func:`make_inputs` does it (fixed fp8
-    per-tensor scale; mxfp4 scales per 32-value block of a row, so per row).
+    per-tensor scale; mxfp4 scales per 32-value block of a row, so per row). ``q_len`` > 1:
+    that many query tokens per sequence (MTP; ``qo_indptr`` set, the causal rule of
+    :mod:`hipmla.queries`: every length must be >= q_len).
     """
+    from hipmla.queries import check_causal
     from hipmla.schedule import check_lens
+
+    if isinstance(heads, bool) or not isinstance(heads, (int, np.integer)) or not 1 <= heads <= 1024:
+        raise ValueError(f"heads: expected an integer in [1, 1024] (a decoder serves 16, 32, 64 or 128), got {heads!r}")
+    if isinstance(q_len, bool) or not isinstance(q_len, (int, np.integer)) or not 1 <= q_len <= 64:
+        raise ValueError(f"q_len: expected an integer in [1, 64], got {q_len!r}")
 
     check_choice(kv_format, "kv_format", KV_FORMATS)
     seed = _check_seed(seed)
@@ -166,15 +176,19 @@ def make_sampled_inputs(
     sel = _check_seqs(seqs, lens.shape[0])
     sub_lens = lens[sel]
     layout = KvLayout.contiguous(sub_lens)
-    q = np.stack([np.random.default_rng([seed, int(b), 0]).standard_normal((heads, D_QK), dtype=np.float32)
-                  for b in sel]).astype(ml_dtypes.bfloat16)
+    if q_len > 1:
+        check_causal(sub_lens, np.full(sub_lens.shape, q_len), "seq_lens")
+    q = np.concatenate([np.random.default_rng([seed, int(b), 0]).standard_normal((q_len, heads, D_QK),
+                                                                                 dtype=np.float32)
+                        for b in sel]).astype(ml_dtypes.bfloat16)
+    qo = np.arange(0, q_len * sel.size + 1, q_len, dtype=np.int64) if q_len > 1 else None
     tasks = [(int(b), t0, min(_GEN_ROWS, int(n) - t0)) for b, n in zip(sel, sub_lens)
              for t0 in range(0, int(n), _GEN_ROWS)] or [(0, 0, 0)]
     kv = _quantized_cache(
         kv_format, tasks,
         lambda t: np.random.default_rng([seed, t[0], 1, t[1]]).standard_normal((t[2], D_QK), dtype=np.float32),
         rule=rule, scale_stride=scale_stride, fp8_variant=fp8_variant)
-    return DecodeInputs(q=q, kv=kv, layout=layout, sm_scale=float(sm_scale))
+    return DecodeInputs(q=q, kv=kv, layout=layout, sm_scale=float(sm_scale), qo_indptr=qo)
 
 
 def random_seq_lens(rng: np.random.Generator, max_batch: int = 300, max_len: int = 20000) -> np.ndarray:

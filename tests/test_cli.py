@@ -345,3 +345,19 @@ def test_module_entry_point_runs():
     assert r.returncode == 0, r.stderr
     assert "1 passed, 0 failed" in r.stdout
     assert "\r" not in r.stderr  # stderr is a pipe here: one line per step
+
+
+def test_check_takes_heads_and_query_tokens(capsys):
+    rc = cli.main(["check", "--device", "host", "--format", "fp8", "--sample", "2", "--shapes", "4x1k",
+                   "--heads", "64", "--q-len", "4"])
+    out = capsys.readouterr().out
+    assert rc == 0 and "64 heads, 4 query tokens per sequence" in out and "1 passed, 0 failed" in out
+    (row,) = [r for r in out.splitlines() if r.startswith("4x1k h64q4")]
+    assert row.endswith(" ok")
+
+
+@pytest.mark.parametrize("argv", [["--heads", "48"], ["--q-len", "0"]])
+def test_check_refuses_bad_heads_and_query_tokens(argv, capsys):
+    with pytest.raises(SystemExit) as e:
+        cli.main(["check", "--device", "host", *argv])
+    assert e.value.code == 2 and argv[0] in capsys.readouterr().err

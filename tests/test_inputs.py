@@ -144,3 +144,15 @@ def test_sampled_inputs_reject_bad_arguments(seqs, kw, exc, match):
     kw = {"kv_format": "bf16", **kw}
     with pytest.raises(exc, match=match):
         make_sampled_inputs([10, 10, 10, 10], seqs, kw.pop("kv_format"), **kw)
+
+
+def test_sampled_inputs_with_several_query_tokens_and_heads():
+    one = make_sampled_inputs([300, 40, 9], [0, 2], "bf16", seed=3)
+    many = make_sampled_inputs([300, 40, 9], [0, 2], "bf16", seed=3, heads=32, q_len=4)
+    assert one.qo_indptr is None and one.q.shape == (2, 16, 576)
+    assert many.q.shape == (8, 32, 576) and list(many.qo_indptr) == [0, 4, 8]
+    np.testing.assert_array_equal(many.kv.data, one.kv.data)  # the cache does not depend on Q
+    with pytest.raises(ValueError, match="sequence 1 has 9 kv tokens but 10 query tokens"):
+        make_sampled_inputs([300, 40, 9], [0, 2], "bf16", q_len=10)
+    with pytest.raises(ValueError, match="heads"):
+        make_sampled_inputs([300], [0], "bf16", heads=0)
