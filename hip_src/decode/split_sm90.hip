@@ -75,9 +75,9 @@
 // 128 registers -- 2 blocks = 16 warps per SM (3.7 active warps per scheduler, 0.9 eligible),
 // IPC 1.98 of 4, issue slots 45% busy; per issued instruction a warp waits 1.5 cycles on
 // fixed-latency dependencies, 0.8 on shared-memory / MOVM results, 0.6 on MIO throttle, 0.6
-// on the math pipes, 0.5 on global loads and 0.45 at barriers. 4 x 1k (~35 us in every
-// format) is a latency chain: one block per item, ~3.5 us per tile at 13 cycles per
-// instruction, then the merge.
+// on the math pipes, 0.5 on global loads and 0.45 at barriers. 4 x 1k (~31 us in every
+// format) is a latency chain: one block per item, 13 cycles per issued instruction of a
+// warp (3.1 of them at barriers, 2.4 on shared-memory results), then the merge.
 #include "params.h"
 #include "common/config.h"
 #include "common/numerics.h"
