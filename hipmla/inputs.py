@@ -191,6 +191,19 @@ def make_sampled_inputs(
     return DecodeInputs(q=q, kv=kv, layout=layout, sm_scale=float(sm_scale), qo_indptr=qo)
 
 
+def spread_sample(lens: np.ndarray, k: int = 6) -> np.ndarray:
+    """A few sequences of a batch to check on the host: ``k`` spread evenly, the longest,
+    and the first empty one (sorted indices)."""
+    lens = np.asarray(lens)
+    batch = lens.shape[0]
+    picks = set(np.linspace(0, batch - 1, min(k, batch)).round().astype(int).tolist())
+    picks.add(int(np.argmax(lens)))
+    empty = np.flatnonzero(lens == 0)
+    if empty.size:
+        picks.add(int(empty[0]))
+    return np.array(sorted(picks))
+
+
 def random_seq_lens(rng: np.random.Generator, max_batch: int = 300, max_len: int = 20000) -> np.ndarray:
     """A serving-like ragged batch: any size, lengths off every tile multiple, some
     empty sequences, a few long ones."""

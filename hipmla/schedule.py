@@ -149,13 +149,11 @@ def schedule(seq_lens, policy: SplitPolicy, q_lens=None, head_groups: int = 1) -
     lens = check_lens(seq_lens)
     groups = check_head_groups(head_groups)
     if q_lens is None:
-        nq = np.ones_like(lens)
-        causal = False
+        nq = np.ones_like(lens)  # one token: it sees the whole sequence (no clamp below)
     else:
         nq = check_lens(q_lens, "q_lens")
         if nq.shape != lens.shape:
             raise ValueError(f"q_lens: expected one count per sequence ({lens.shape[0]}), got shape {nq.shape}")
-        causal = True
     align, fast = policy.align_tokens, policy.fast_tile
     rows = nq * groups
     chunk = split_chunk(int((lens * rows).sum()), policy)

@@ -134,14 +134,6 @@ def compare(out, lse, q, kv, layout, sm_scale, policy, seqs) -> dict:
             "ok": bad == 0 and pattern and lerr_max <= EMU_LSE_ATOL}
 
 
-def sample(lens: np.ndarray, k: int = 6) -> np.ndarray:
-    batch = lens.shape[0]
-    picks = set(np.linspace(0, batch - 1, min(k, batch)).round().astype(int).tolist())
-    picks.add(int(np.argmax(lens)))
-    empty = np.flatnonzero(lens == 0)
-    if empty.size:
-        picks.add(int(empty[0]))
-    return np.array(sorted(picks))
 
 
 def time_launch(launch, iters: int) -> float:
@@ -162,7 +154,7 @@ def time_launch(launch, iters: int) -> float:
 
 
 def main() -> int:
-    from hipmla.inputs import benchmark_shapes, make_inputs, random_cache, random_seq_lens
+    from hipmla.inputs import benchmark_shapes, make_inputs, random_cache, random_seq_lens, spread_sample
     from hipmla.paging import random_page_table
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -193,7 +185,7 @@ def main() -> int:
             fast = Sm90Kernel(fmt, sm_scale, b, policy=policies[0])
             out, lse = run_once(fast, inputs.q, inputs.kv, inputs.layout)
             r = compare(out, lse, inputs.q, inputs.kv, inputs.layout, sm_scale, fast.policy,
-                        sample(inputs.seq_lens, 4))
+                        spread_sample(inputs.seq_lens, 4))
             failures += not r["ok"]
             line = (f"{fmt:5s} {shape.name:8s} emu {'ok ' if r['ok'] else 'BAD'} bad {r['bad']} "
                     f"max_abs {r['max_abs']:.2e} bitexact {r['bitexact']:.4f} lse {r['lse']:.1e}")
@@ -232,7 +224,7 @@ def main() -> int:
             q = rng.standard_normal((lens.shape[0], 16, 576), dtype=np.float32).astype(ml_dtypes.bfloat16)
             fast = Sm90Kernel(fmt, sm_scale, lens.shape[0])
             out, lse = run_once(fast, q, pool, layout)
-            r = compare(out, lse, q, pool, layout, sm_scale, fast.policy, sample(lens))
+            r = compare(out, lse, q, pool, layout, sm_scale, fast.policy, spread_sample(lens))
             finite = bool(np.isfinite(out.astype(np.float32)).all())
             ok = r["ok"] and finite
             failures += not ok

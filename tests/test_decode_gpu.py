@@ -13,7 +13,7 @@ import pytest
 from hipmla import decode
 from hipmla.cli import REFERENCE_TOL
 from hipmla.formats import KV_FORMATS
-from hipmla.inputs import benchmark_shapes, make_inputs, random_cache, random_seq_lens
+from hipmla.inputs import benchmark_shapes, make_inputs, random_cache, random_seq_lens, spread_sample
 from hipmla.paging import KvLayout, gather, random_page_table, take_rows
 from hipmla.reference import mla_decode_reference
 # Device vs emulator: the bounds every kernel's known-answer check holds it to too.
@@ -66,15 +66,6 @@ def assert_close_to_reference(out, lse, ref_out, ref_lse, what: str, q_precision
     assert np.abs(lse[fin] - ref_lse[fin]).max(initial=0) <= tol * 4, f"{what}: LSE far from reference"
 
 
-def sample(lens: np.ndarray, k: int = 6) -> np.ndarray:
-    """A few sequences to check on the host: spread, the longest, and an empty one."""
-    batch = lens.shape[0]
-    picks = set(np.linspace(0, batch - 1, min(k, batch)).round().astype(int).tolist())
-    picks.add(int(np.argmax(lens)))
-    empty = np.flatnonzero(lens == 0)
-    if empty.size:
-        picks.add(int(empty[0]))
-    return np.array(sorted(picks))
 
 
 @pytest.fixture(scope="module")
@@ -110,7 +101,7 @@ def test_benchmark_shapes(decoders, kv_format, shape):
     inputs = make_inputs(shape.seq_lens, kv_format, seed=shape.batch + shape.kv_len,
                          fp8_variant=dec.fp8_variant, sm_scale=SM_SCALE)
     out, lse = dec.decode(inputs.q, inputs.kv, inputs.layout)
-    check(dec, out, lse, inputs.q, inputs.kv, inputs.layout, sample(inputs.seq_lens, 4),
+    check(dec, out, lse, inputs.q, inputs.kv, inputs.layout, spread_sample(inputs.seq_lens, 4),
           f"{kv_format} {shape.name}")
 
 
@@ -183,7 +174,7 @@ def test_paged_ragged_batches(decoders, kv_format, group):
         assert np.array_equal(lse_p.view(np.uint32), lse_c.view(np.uint32)), f"{what}: LSE differs"
         out = out_p.view(ml_dtypes.bfloat16)
         assert np.isfinite(out.astype(np.float32)).all(), f"{what}: unwritten or non-finite output"
-        check(dec, out, lse_p, q, pool, layout, sample(lens), what)
+        check(dec, out, lse_p, q, pool, layout, spread_sample(lens), what)
 
 
 # ----------------------------------------------------------------------------- serving

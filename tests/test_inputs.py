@@ -156,3 +156,9 @@ def test_sampled_inputs_with_several_query_tokens_and_heads():
         make_sampled_inputs([300, 40, 9], [0, 2], "bf16", q_len=10)
     with pytest.raises(ValueError, match="heads"):
         make_sampled_inputs([300], [0], "bf16", heads=0)
+
+
+def test_spread_sample_takes_the_ends_the_longest_and_an_empty_one():
+    from hipmla.inputs import spread_sample
+
+    assert list(spread_sample(np.array([5, 0, 7, 99, 3, 4, 1, 0, 2]), 3)) == [0, 1, 3, 4, 8]
