@@ -52,7 +52,8 @@ DEVICE_ERRORS = {
     2: "kv_indptr points past the cache rows (contiguous) or past kv_indices (paged)",
     4: "a page id in kv_indices is negative or its rows pass the end of the cache",
     8: "kv_last_page_len is outside 1 .. page_size",
-    16: "qo_indptr decreases, is negative or passes the query tokens of q (those sequences get no output)",
+    16: "qo_indptr is no offsets array from 0 to the query tokens of q (the whole step computed nothing: "
+        "out and lse were not written)",
     32: "a sequence has fewer kv tokens than query tokens (qo_indptr)",
 }
 
@@ -63,8 +64,8 @@ class DeviceInputError(ValueError):
     def __init__(self, bits: int):
         self.bits = int(bits)
         kinds = [text for bit, text in DEVICE_ERRORS.items() if bits & bit]
-        super().__init__("device-side input: " + "; ".join(kinds) +
-                         " (those sequences got NaN output and LSE)")
+        nan = " (those sequences got NaN output and LSE)" if self.bits & ~16 else ""
+        super().__init__("device-side input: " + "; ".join(kinds) + nan)
 
 
 def fp8_variant_for(arch: str) -> str:

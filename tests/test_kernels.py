@@ -652,3 +652,21 @@ def test_hip_src_dir_of_an_installed_wheel(tmp_path, monkeypatch):
     monkeypatch.setattr(importlib.util, "find_spec",
                         lambda name, *a: spec if name == "hipmla._hip_src" else real(name, *a))
     assert kernels_module.hip_src_dir() == tmp_path
+
+
+@pytest.mark.parametrize("qo", [[0, 4, 0, 4, 0, 4], [1, 2, 3, 4, 4, 4], [0, 1, 2, 3, 3, 3]],
+                         ids=["overlapping", "not from 0", "short of q"])
+def test_an_invalid_qo_indptr_voids_the_step_and_leaves_the_counters_clean(host_kernels, qo):
+    """Found in review: a falling qo_indptr let sequences share rows and counters, so a
+    later valid step merged stale partials. Now no block takes an item: nothing written,
+    every counter 0, ERR_QO set."""
+    rng = np.random.default_rng(5)
+    lens = np.array([4, 0, 4, 0, 4096])
+    kv = quantize_kv(rng.standard_normal((int(lens.sum()), 576), dtype=np.float32), "bf16")
+    q = rng.standard_normal((4, 16, 576), dtype=np.float32).astype(ml_dtypes.bfloat16)
+    errors = np.zeros(1, np.int32)
+    policy = SplitPolicy(16, 256, 128)
+    out, lse, counters = run_on_host(host_kernels, q, kv, KvLayout.contiguous(lens), policy, 0.05, "bf16",
+                                     "gfx950", errors, np.array(qo))
+    assert errors[0] == 16 and (counters == 0).all()
+    assert np.isnan(out).all() and np.isnan(lse).all()  # the harness's poison: nothing was written

@@ -26,8 +26,9 @@
 // invalid (core/paged.h, ERR_*) counts as empty and its items are `bad`; so is an item
 // whose page ids leave the cache (each block checks the pages of its own item), and every
 // row of a sequence with fewer kv tokens than query tokens (ERR_Q_LEN; without qo_indptr
-// an empty sequence is valid: output 0, LSE -inf). A sequence with an invalid qo_indptr
-// range has no rows; block 0 sets ERR_QO. Bad items go to the portable kernel, never to a
+// an empty sequence is valid: output 0, LSE -inf). An invalid qo_indptr (a range that
+// falls, a negative entry, not 0 .. q_tokens) voids the whole step: no block gets an item
+// (no output is written, no counter moves) and block 0 sets ERR_QO. Bad items go to the portable kernel, never to a
 // fast kernel (`fast`); the block that runs one sets the error word (report_bad_item) and
 // writes NaN (output, or partial: the merge turns one NaN partial into a NaN output).
 // Sum over s of k_s rows_s <= total / chunk + sum rows_s <= split_target + t_q head_groups
@@ -59,6 +60,7 @@ struct ScheduleSmem {
     long long scan[THREADS];
     WorkItem item;
     int bad_page;
+    int qo_bad;
 };
 
 // Exclusive prefix sum over the block of one value per thread; `total` gets the sum.
@@ -134,7 +136,6 @@ HIPMLA_DEVICE WorkItem schedule_item(const MlaDecodeParams& p, int block, Schedu
         qo_bad |= qy.bad;
         mine += (long long)seq_extent(p, s).tokens * qy.n * groups;
     }
-    if (qo_bad && block == 0 && p.errors != nullptr) atomic_or_device(p.errors, qo_bad);
     long long total = 0;
     block_exclusive_scan<THREADS>(mine, sm.scan, total);
 
@@ -148,9 +149,13 @@ HIPMLA_DEVICE WorkItem schedule_item(const MlaDecodeParams& p, int block, Schedu
     if (tid == 0) {
         sm.item = WorkItem{-1, -1, 0, 0, -1, -1, 0, -1, 0, 0};
         sm.bad_page = 0;
+        // qo_indptr must run from 0 to the query tokens of q, besides rising everywhere.
+        sm.qo_bad = p.qo_indptr != nullptr &&
+                    (p.qo_indptr[0] != 0 || (p.q_tokens > 0 && p.qo_indptr[p.batch] != p.q_tokens));
     }
     long long n_all = 0;
     long long first = block_exclusive_scan<THREADS>(count, sm.scan, n_all);
+    if (qo_bad) atomic_or_block(&sm.qo_bad, 1);  // after the scan's syncs: thread 0 set it first
     if (block >= first && block < first + count) {
         for (int s = s0; s < s1; ++s) {
             const SeqExtent e = seq_extent(p, s);
@@ -166,7 +171,7 @@ HIPMLA_DEVICE WorkItem schedule_item(const MlaDecodeParams& p, int block, Schedu
                 split.range(e.tokens, k, it.begin, it.end);
                 // Causal within the step: query token j of n sees len - n + j + 1 tokens.
                 const int sees = e.tokens - qy.n + j + 1;
-                const int short_seq = p.qo_indptr != nullptr && e.tokens < qy.n;
+                const int short_seq = p.qo_indptr != nullptr && !e.bad && e.tokens < qy.n;
                 if (it.end > sees) it.end = sees > 0 ? sees : 0;
                 if (it.begin > it.end) it.begin = it.end;
                 it.slot = block;
@@ -183,6 +188,12 @@ HIPMLA_DEVICE WorkItem schedule_item(const MlaDecodeParams& p, int block, Schedu
     }
     block_sync();
     WorkItem it = sm.item;
+    if (sm.qo_bad) {
+        // Rows of sequences may overlap or fall past the grid: the step computes nothing
+        // (no output, no counter touched) and block 0 reports it.
+        if (block == 0 && tid == 0 && p.errors != nullptr) atomic_or_device(p.errors, ERR_QO);
+        it = WorkItem{-1, -1, 0, 0, -1, -1, 0, -1, 0, 0};
+    }
     if (it.seq >= 0 && p.kv_indices != nullptr && it.end > it.begin) {
         // The item's page ids, checked before any row of them is read.
         const int* pages = p.kv_indices + p.kv_indptr[it.seq];
