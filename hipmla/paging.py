@@ -18,9 +18,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from hipmla.formats import KVCache
-from hipmla.validate import check_array, check_indptr, check_int
+from hipmla.validate import INT32_MAX, check_array, check_indptr, check_int
 
-INT32_MAX = int(np.iinfo(np.int32).max)
 
 #: Page sizes the kernels take: every power of two from 1 (SGLang's token-level
 #: indices) to 128.

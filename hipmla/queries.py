@@ -13,9 +13,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from hipmla.validate import check_array
+from hipmla.validate import INT32_MAX, check_array
 
-INT32_MAX = int(np.iinfo(np.int32).max)
 #: Query heads a decoder may serve (TP8, TP4, TP2, TP1 of DeepSeek-V3/R1's 128).
 HEAD_COUNTS = (16, 32, 64, 128)
 

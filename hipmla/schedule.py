@@ -21,6 +21,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from hipmla.validate import INT32_MAX
+
 from hipmla.queries import HEAD_COUNTS
 
 #: Work items per compute unit the split aims for: enough to hide a straggler, few
@@ -32,7 +34,6 @@ DEFAULT_MIN_SPLIT_TOKENS = 256
 #: is made of whole kernel tiles (the fast kernels' tile is 128 tokens).
 DEFAULT_ALIGN_TOKENS = 128
 
-INT32_MAX = int(np.iinfo(np.int32).max)
 #: heads / 16 of the head counts a decoder may serve.
 HEAD_GROUPS = tuple(h // 16 for h in HEAD_COUNTS)
 

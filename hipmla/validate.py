@@ -10,6 +10,9 @@ from typing import Sequence
 
 import numpy as np
 
+#: The largest value of the kernels' 32-bit integer fields.
+INT32_MAX = int(np.iinfo(np.int32).max)
+
 
 def format_shape(shape: Sequence[int | None]) -> str:
     """``(4, *, 576)``: ``None`` extents print as ``*``."""
