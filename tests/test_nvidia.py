@@ -285,7 +285,7 @@ def test_device_props_layout_matches_hip_python(tmp_path):
 
 def test_error_names_match_hip_python(shim):
     result = run_child(f"""
-        import ctypes, json
+        import ctypes, json, os
         lib = ctypes.CDLL({str(shim / "lib" / nvidia.LIBRARY)!r})
         lib.hipGetErrorName.restype = ctypes.c_char_p
         lib.hipGetErrorString.restype = ctypes.c_char_p
@@ -307,7 +307,7 @@ def test_error_names_match_hip_python(shim):
 
 def test_runtime_calls_fail_cleanly_without_libcuda(shim):
     result = run_child(f"""
-        import ctypes, json
+        import ctypes, json, os
         lib = ctypes.CDLL({str(shim / "lib" / nvidia.LIBRARY)!r})
         count = ctypes.c_int(-1)
         pointer = ctypes.c_void_p(1)
@@ -351,7 +351,7 @@ def test_hip_python_reports_errors_not_crashes_without_gpu(shim):
 @pytest.mark.skipif(any(map(_loads, NVRTC_FALLBACKS)), reason="the loader finds an NVRTC here")
 def test_hiprtc_without_nvrtc_returns_an_error(shim):
     result = run_child(f"""
-        import ctypes, json
+        import ctypes, json, os
         lib = ctypes.CDLL({str(shim / "lib" / nvidia.LIBRARY)!r})
         major, minor, version = ctypes.c_int(), ctypes.c_int(), ctypes.c_int()
         program = ctypes.c_void_p()
@@ -490,7 +490,13 @@ int cuModuleGetFunction(void **f, void *m, const char *name) {
     for (int i = 0; i < 3; ++i) if (!strcmp(name, kernels[i])) { *f = (void *)kernels[i]; return 0; }
     return 500;
 }
-int cuFuncSetAttribute(void *f, int attribute, int value) { if (attribute == 8) optin = value; return 0; }
+static int attribute_calls;
+int fake_attribute_calls(void) { return attribute_calls; }
+int cuFuncSetAttribute(void *f, int attribute, int value) {
+    ++attribute_calls;
+    if (attribute == 8) optin = value;
+    return 0;
+}
 int cuLaunchKernel(const char *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
                    unsigned bz, unsigned shared, void *q, void **params, void **extra) {
     if (!current || params || !extra || extra[0] != (void *)1 || extra[2] != (void *)2 ||
@@ -506,7 +512,7 @@ int cuLaunchKernel(const char *f, unsigned gx, unsigned gy, unsigned gz, unsigne
 """
 
 FAKE_SCRIPT = """
-    import ctypes, json
+    import ctypes, json, os
     import numpy as np
     from hip import hip, hiprtc
 
@@ -548,6 +554,19 @@ FAKE_SCRIPT = """
         hip.hipMemcpyAsync(back, b, 4 * n, K.hipMemcpyDeviceToHost, stream)
         launches[f"{name}/{shared}"] = [status(result), back[:3].tolist() + back[-1:].tolist()]
     out["launches"] = launches
+    # Dynamic shared memory above 48 KiB is granted once per function and size: the driver
+    # sees a call for a larger size, and again after a module unload, not every launch.
+    fake = ctypes.CDLL(os.environ["HIPMLA_LIBCUDA"])
+    grants = [fake.fake_attribute_calls()]
+    for shared in (64 * 1024, 80 * 1024, 64 * 1024, 80 * 1024):
+        hip.hipModuleLaunchKernel(functions["fill"][1], 3, 1, 1, 128, 1, 1, shared, stream, None, (args,))
+        grants.append(fake.fake_attribute_calls())
+    other = hip.hipModuleLoadData(b"image2")[1]
+    hip.hipModuleUnload(other)
+    fill = hip.hipModuleGetFunction(module, b"fill")[1]
+    hip.hipModuleLaunchKernel(fill, 3, 1, 1, 128, 1, 1, 64 * 1024, stream, None, (args,))
+    grants.append(fake.fake_attribute_calls())
+    out["grants"] = grants
     e0, e1 = hip.hipEventCreate()[1], hip.hipEventCreate()[1]
     hip.hipEventRecord(e0, stream); hip.hipEventRecord(e1, stream)
     out["elapsed"] = hip.hipEventElapsedTime(e0, e1)[1]
@@ -621,6 +640,13 @@ def test_fake_launch_translates_extra_and_opts_into_shared_memory(fake_results):
     assert launches["fill/65536"] == [0, [1, 2, 3, 300]]
 
 
+def test_fake_launch_grants_dynamic_shared_memory_once_per_function_and_size(fake_results):
+    # One grant for the 64 KiB launch before; then 64 KiB again: none; 80 KiB: one; both
+    # again: none; after a module unload the grant is made anew.
+    g = fake_results["grants"]
+    assert [b - a for a, b in zip(g, g[1:])] == [0, 1, 0, 0, 1]
+
+
 def test_fake_cuda_errors_map_to_hip_errors(fake_results):
     assert fake_results["launches"]["misaligned/0"][0] == 719  # hipErrorLaunchFailure
     assert fake_results["launches"]["mystery/0"][0] == 999  # unknown -> hipErrorUnknown
@@ -641,7 +667,7 @@ def test_hiprtc_defaults_to_the_current_devices_arch(fake_results):
 # --- on an NVIDIA GPU ------------------------------------------------------------------------
 
 GPU_SCRIPT = """
-    import ctypes, json
+    import ctypes, json, os
     import numpy as np
     from hip import hip, hiprtc
 

@@ -657,10 +657,54 @@ EXPORT hipError_t hipModuleLoadData(hipModule_t *module, const void *image) {
     return status != hipSuccess ? status : check(cu.cuModuleLoadData((CUmodule *)module, image));
 }
 
+/* The dynamic shared memory each function may already take: CUDA wants a launch above
+ * 48 KiB to be allowed by cuFuncSetAttribute first (HIP has no such step), and making that
+ * driver call once per function instead of on every launch takes it off the decode hot
+ * path. A function handle lives as long as its module, so unloading any module forgets
+ * them all (a later function may reuse an address). A full table only costs the call. */
+#define SHARED_GRANTS 64
+static struct {
+    CUfunction function;
+    unsigned bytes;
+} shared_grants[SHARED_GRANTS];
+static pthread_mutex_t grants_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static hipError_t allow_dynamic_shared(CUfunction function, unsigned bytes) {
+    pthread_mutex_lock(&grants_lock);
+    size_t free_slot = SHARED_GRANTS;
+    for (size_t i = 0; i < SHARED_GRANTS; ++i) {
+        if (shared_grants[i].function == function) {
+            if (shared_grants[i].bytes >= bytes) {
+                pthread_mutex_unlock(&grants_lock);
+                return hipSuccess;
+            }
+            free_slot = i;
+            break;
+        }
+        if (shared_grants[i].function == NULL && free_slot == SHARED_GRANTS) free_slot = i;
+    }
+    hipError_t status = check(
+        cu.cuFuncSetAttribute(function, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, (int)bytes));
+    if (status == hipSuccess && free_slot < SHARED_GRANTS) {
+        shared_grants[free_slot].function = function;
+        shared_grants[free_slot].bytes = bytes;
+    }
+    pthread_mutex_unlock(&grants_lock);
+    return status;
+}
+
+static void forget_shared_grants(void) {
+    pthread_mutex_lock(&grants_lock);
+    memset(shared_grants, 0, sizeof(shared_grants));
+    pthread_mutex_unlock(&grants_lock);
+}
+
 EXPORT hipError_t hipModuleUnload(hipModule_t module) {
     if (module == NULL) return record(hipErrorInvalidHandle);
     hipError_t status = ready();
-    return status != hipSuccess ? status : check(cu.cuModuleUnload((CUmodule)module));
+    if (status != hipSuccess) return status;
+    forget_shared_grants();
+    return check(cu.cuModuleUnload((CUmodule)module));
 }
 
 EXPORT hipError_t hipModuleGetFunction(hipFunction_t *function, hipModule_t module,
@@ -707,9 +751,7 @@ EXPORT hipError_t hipModuleLaunchKernel(hipFunction_t function, unsigned int gri
         if (status != hipSuccess) return record(status);
     }
     if (shared_bytes > DEFAULT_DYNAMIC_SHARED_LIMIT) {
-        status = check(cu.cuFuncSetAttribute((CUfunction)function,
-                                             CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                                             (int)shared_bytes));
+        status = allow_dynamic_shared((CUfunction)function, shared_bytes);
         if (status != hipSuccess) return status;
     }
     return check(cu.cuLaunchKernel((CUfunction)function, grid_x, grid_y, grid_z, block_x, block_y,
