@@ -25,6 +25,7 @@ inline std::barrier<>* host_barrier;
 inline unsigned thread_index() { return host_thread; }
 inline unsigned block_index() { return host_block; }
 inline void block_sync() { host_barrier->arrive_and_wait(); }
+inline int opaque_int(int v) { return v; }
 inline float f32_from_bits(unsigned u) { return __builtin_bit_cast(float, u); }
 inline unsigned bits_from_f32(float x) { return __builtin_bit_cast(unsigned, x); }
 inline float exp2_f32(float x) { return std::exp2(x); }
@@ -53,3 +54,18 @@ extern "C" void hipmla_host_launch(MlaDecodeParams p, int grid, int threads) {
     }
 }
 """
+
+
+def host_source(source: str, arch: str) -> str:
+    """The whole C++ file that runs kernel ``source`` (under hip_src) on the CPU for
+    ``arch``: the prelude, for the CDNA fast kernels also their wave64 instructions
+    (tests/host_cdna.h, with the arch's macro defined), the kernel, the launcher."""
+    from pathlib import Path
+
+    from hipmla.kernels import FAST_SOURCES, translation_unit
+
+    prelude = HOST_PRELUDE
+    if source in FAST_SOURCES.values():
+        cdna = (Path(__file__).with_name("host_cdna.h")).read_text()
+        prelude += f"#define __{arch}__ 1\n" + cdna
+    return prelude + translation_unit(source) + HOST_LAUNCH

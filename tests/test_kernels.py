@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 
 from hipmla import kernels
-from hipmla.emulate import emulate_decode
+from hipmla.emulate import FAST_SCHEDULES, emulate_decode
 from hipmla.formats import KVCache, quantize_kv
 from hipmla.inputs import random_cache
 from hipmla.kernels import (
@@ -36,7 +36,7 @@ from hipmla.kernels import (
     split_kernel,
     translation_unit,
 )
-from host_harness import HOST_LAUNCH, HOST_PRELUDE
+from host_harness import host_source
 from hipmla.paging import KvLayout, random_page_table, scatter, take_rows
 from hipmla.reference import mla_decode_reference
 from hipmla.schedule import SplitPolicy, schedule
@@ -384,7 +384,7 @@ def host_kernels(tmp_path_factory):
         key = (spec, arch)
         if key not in cache:
             src = out / f"{spec.symbol}.{arch}.cpp"
-            src.write_text(HOST_PRELUDE + translation_unit(spec.source) + HOST_LAUNCH)
+            src.write_text(host_source(spec.source, arch))
             lib = out / f"{spec.symbol}.{arch}.so"
             subprocess.run([CLANG, "-std=c++20", "-O1", "-shared", "-fPIC", "-pthread",
                             *spec.options(arch), f"-DHIPMLA_HOST_KERNEL={spec.symbol}", str(src),
@@ -402,8 +402,10 @@ def _ptr(a: np.ndarray | None) -> int | None:
 
 
 def run_on_host(host_kernels, q, kv: KVCache, layout: KvLayout, policy: SplitPolicy, sm_scale: float,
-                q_precision: str, arch: str, errors: np.ndarray | None = None, qo: np.ndarray | None = None):
-    """The portable kernel over the whole grid, on the CPU; returns (out f32, lse, counters).
+                q_precision: str, arch: str, errors: np.ndarray | None = None, qo: np.ndarray | None = None,
+                spec: KernelSpec | None = None):
+    """A kernel over the whole grid, on the CPU; returns (out f32, lse, counters). The
+    portable kernel unless ``spec`` names another (a CDNA fast kernel: tests/host_cdna.h).
     ``errors`` (one int32) receives the kernel's error word; ``qo`` is a qo_indptr (q then
     has its rows, and any of 16..128 heads)."""
     batch = layout.batch
@@ -433,7 +435,7 @@ def run_on_host(host_kernels, q, kv: KVCache, layout: KvLayout, policy: SplitPol
         errors=_ptr(errors), kv_rows=kv.rows, n_indices=0 if indices is None else indices.shape[0],
         head_groups=heads // 16, q_tokens=t_q,
     )
-    host_kernels(split_kernel(kv.format, q_precision), arch)(p, grid_decode(grid)[0], 256)
+    host_kernels(spec or split_kernel(kv.format, q_precision), arch)(p, grid_decode(grid)[0], 256)
     del keep
     return out.view(ml_dtypes.bfloat16).astype(np.float32), lse, counters
 
@@ -506,6 +508,53 @@ def test_paged_cache_on_cpu_is_bit_identical_to_contiguous(host_kernels, kv_form
     assert (counters == 0).all()
     ref_out, _ = emulate_decode(q, pool, paged, 1 / 24, POLICY)
     assert np.mean(out_p != ref_out.astype(np.float32)) < 2e-3
+
+
+# The CDNA fast kernels, whole, on the CPU: their wave64 instructions emulated from the
+# operand layouts the arch headers cite (tests/host_cdna.h says what that can and cannot
+# prove). Masked tails: the policy has no fast_tile, so they take every item.
+FAST_CASES = [("gfx950", "mxfp4", "fp8"), ("gfx950", "mxfp4", "mxfp4"),
+              ("gfx942", "bf16", "bf16"), ("gfx942", "fp8", "bf16"), ("gfx942", "mxfp4", "bf16")]
+
+
+@pytest.mark.parametrize("arch, kv_format, q_precision", FAST_CASES)
+def test_fast_kernels_on_cpu_match_emulator(host_kernels, arch, kv_format, q_precision):
+    fp8_variant = "e4m3fnuz" if arch == "gfx942" else "e4m3fn"
+    q, kv, layout = _case(kv_format, fp8_variant, seed=len(arch) + len(kv_format) + len(q_precision))
+    spec = kernels.fast_split_kernel(arch, kv_format, q_precision)
+    errors = np.zeros(1, np.int32)
+    out, lse, counters = run_on_host(host_kernels, q, kv, layout, POLICY, 1 / 24, q_precision, arch, errors,
+                                     spec=spec)
+    emu_out, emu_lse = emulate_decode(q, kv, layout, 1 / 24, POLICY, q_precision=q_precision,
+                                      fast_schedule=FAST_SCHEDULES[arch], fast_any_length=True)
+    emu_out = emu_out.astype(np.float32)
+    assert errors[0] == 0 and (counters == 0).all()
+    assert np.isfinite(out).all() and not np.isnan(lse).any()
+    empty = np.array(LENS) == 0
+    assert (out[empty] == 0).all() and np.isneginf(lse[empty]).all()
+    np.testing.assert_allclose(lse, emu_lse, rtol=1e-5, atol=1e-5)
+    # As in test_kernels_on_cpu_match_emulator: rare one-ulp differences in P.
+    np.testing.assert_allclose(out, emu_out, rtol=1e-2, atol=1e-3)
+    assert np.mean(out != emu_out) < 2e-3
+
+
+@pytest.mark.parametrize("arch, kv_format, q_precision, page_size",
+                         [("gfx950", "mxfp4", "fp8", 1), ("gfx950", "mxfp4", "mxfp4", 64),
+                          ("gfx942", "fp8", "bf16", 16), ("gfx942", "mxfp4", "bf16", 1)])
+def test_fast_kernels_on_cpu_paged_is_bit_identical_to_contiguous(host_kernels, arch, kv_format, q_precision,
+                                                                  page_size):
+    fp8_variant = "e4m3fnuz" if arch == "gfx942" else "e4m3fn"
+    q, kv, contiguous = _case(kv_format, fp8_variant, seed=page_size + 5)
+    rng = np.random.default_rng(page_size + 6)
+    paged = random_page_table(LENS, page_size, rng, spare_pages=3)
+    pool = scatter(kv, paged)
+    spec = kernels.fast_split_kernel(arch, kv_format, q_precision)
+    out_c, lse_c, _ = run_on_host(host_kernels, q, kv, contiguous, POLICY, 1 / 24, q_precision, arch, spec=spec)
+    out_p, lse_p, counters = run_on_host(host_kernels, q, pool, paged, POLICY, 1 / 24, q_precision, arch,
+                                         spec=spec)
+    assert np.array_equal(out_c.view(np.uint32), out_p.view(np.uint32))
+    assert np.array_equal(lse_c.view(np.uint32), lse_p.view(np.uint32))
+    assert (counters == 0).all() and np.isfinite(out_p).all()
 
 
 @dataclass

@@ -20,11 +20,7 @@ HIPMLA_DEVICE int lane_id() { return int(thread_index()) % WAVE; }
 // is recomputed there, not hoisted out of the loop and held in registers across it (the
 // gfx950 kernel's 9 per-copy row and chunk indices would otherwise sit next to the
 // accumulators for the whole tile loop).
-HIPMLA_DEVICE int lane_id_fresh() {
-    int lane = lane_id();
-    asm volatile("" : "+v"(lane));
-    return lane;
-}
+HIPMLA_DEVICE int lane_id_fresh() { return opaque_int(lane_id()); }
 HIPMLA_DEVICE int wave_id() { return __builtin_amdgcn_readfirstlane(int(thread_index()) / WAVE); }
 // lane_col: A row, B column, D column. lane_rowgroup: k-group of A/B, D rows 4g..4g+3.
 HIPMLA_DEVICE int lane_col() { return lane_id() % MFMA_N; }

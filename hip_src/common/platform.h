@@ -41,6 +41,17 @@ HIPMLA_DEVICE void block_sync() {
 
 HIPMLA_DEVICE float f32_from_bits(unsigned u) { return __builtin_bit_cast(float, u); }
 HIPMLA_DEVICE unsigned bits_from_f32(float x) { return __builtin_bit_cast(unsigned, x); }
+// v itself, as a value the optimizer cannot see through (an empty asm that "changes" it):
+// what is derived from it is recomputed where it is used, not hoisted and kept live.
+HIPMLA_DEVICE int opaque_int(int v) {
+    asm volatile("" : "+v"(v));
+    return v;
+}
+// Every lane of the wave is here: what one lane wrote to shared memory before it, another
+// reads after it. On AMD a wave runs in lockstep and its LDS operations in order, so this
+// only keeps the compiler from moving code across (wave_barrier emits no instruction); the
+// CPU harness, whose lanes are threads, meets here.
+HIPMLA_DEVICE void wave_sync() { __builtin_amdgcn_wave_barrier(); }
 // llvm.exp2 / llvm.log2: the backend expands them with denormal handling, no libcall.
 HIPMLA_DEVICE float exp2_f32(float x) { return __builtin_exp2f(x); }
 HIPMLA_DEVICE float log2_f32(float x) { return __builtin_log2f(x); }
@@ -88,6 +99,11 @@ HIPMLA_DEVICE void block_sync() { __syncthreads(); }
 
 HIPMLA_DEVICE float f32_from_bits(unsigned u) { return __uint_as_float(u); }
 HIPMLA_DEVICE unsigned bits_from_f32(float x) { return __float_as_uint(x); }
+HIPMLA_DEVICE int opaque_int(int v) {
+    asm volatile("" : "+r"(v));
+    return v;
+}
+HIPMLA_DEVICE void wave_sync() { __syncwarp(); }
 HIPMLA_DEVICE float exp2_f32(float x) { return exp2f(x); }
 HIPMLA_DEVICE float log2_f32(float x) { return log2f(x); }
 

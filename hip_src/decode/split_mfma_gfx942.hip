@@ -272,7 +272,7 @@ HIPMLA_KERNEL(hipmla::fast942::THREADS) void HIPMLA_FAST_NAME(const MlaDecodePar
     using namespace hipmla;
     using namespace hipmla::gfx942;
     using namespace hipmla::fast942;
-    __attribute__((shared)) Smem smem;
+    HIPMLA_SHARED Smem smem;
     Merge& sm = smem.merge;
 
     const WorkItem it = schedule_item<THREADS>(p, int(block_index()), smem.sched);

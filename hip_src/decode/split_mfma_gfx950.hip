@@ -344,7 +344,7 @@ HIPMLA_KERNEL(hipmla::fast950::THREADS) void HIPMLA_FAST_NAME(const MlaDecodePar
     using namespace hipmla;
     using namespace hipmla::gfx950;
     using namespace hipmla::fast950;
-    __attribute__((shared)) Smem sm;
+    HIPMLA_SHARED Smem sm;
 
     const WorkItem it = schedule_item<THREADS>(p, int(block_index()), sm.start.sched);
     // p.fast_tile = 0: every item (any length, empty and bad ones too). p.fast_tile > 0:
@@ -394,6 +394,7 @@ HIPMLA_KERNEL(hipmla::fast950::THREADS) void HIPMLA_FAST_NAME(const MlaDecodePar
         Buffer& cur = sm.buf[tile & 1][w];
         wait_global_loads();
         put_scales(cur, scales);
+        wave_sync();  // other lanes of the wave read these scales
         if (tile + 1 < n_tiles) scales = fetch_quarter(sm.buf[(tile + 1) & 1][w], p, next_rows);
 
         f32x4 score[GROUPS];
