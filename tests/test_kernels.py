@@ -575,10 +575,18 @@ class RawLayout:
         return self.kv_indices is not None
 
 
-@pytest.mark.parametrize("kv_format, heads, page_size", [("mxfp4", 32, 16), ("bf16", 64, 1), ("fp8", 16, 1)])
-def test_several_query_tokens_and_heads_on_cpu_match_emulator_and_reference(host_kernels, kv_format, heads, page_size):
+@pytest.mark.parametrize("kv_format, heads, page_size, fast", [
+    ("mxfp4", 32, 16, None), ("bf16", 64, 1, None), ("fp8", 16, 1, None),
+    ("mxfp4", 32, 16, ("gfx950", "fp8")), ("fp8", 64, 1, ("gfx942", "bf16"))])
+def test_several_query_tokens_and_heads_on_cpu_match_emulator_and_reference(host_kernels, kv_format, heads,
+                                                                            page_size, fast):
     """Ragged q_len 0..4 in one batch (the causal rule at a split boundary, on a
-    sequence with exactly as many kv tokens as query tokens), 16..64 heads, paged or not."""
+    sequence with exactly as many kv tokens as query tokens), 16..64 heads, paged or not;
+    the portable kernel, and (``fast``: arch, Q precision) a CDNA fast kernel."""
+    arch, q_precision = fast or ("gfx950", "bf16")
+    spec = kernels.fast_split_kernel(arch, kv_format, q_precision) if fast else None
+    fp8_variant = "e4m3fnuz" if arch == "gfx942" else "e4m3fn"
+    emu_kw = dict(fast_schedule=FAST_SCHEDULES[arch], fast_any_length=True, q_precision=q_precision) if fast else {}
     rng = np.random.default_rng(len(kv_format) + heads + page_size)
     lens = np.array([3, 70, 2, 129, 0, 40])
     q_lens = np.array([3, 4, 1, 2, 0, 1])
@@ -586,12 +594,13 @@ def test_several_query_tokens_and_heads_on_cpu_match_emulator_and_reference(host
     layout = random_page_table(lens, page_size, rng, spare_pages=3) if page_size > 1 else KvLayout.contiguous(lens)
     rows = int(layout.kv_indices.max(initial=0) + 1) * page_size if layout.paged else int(lens.sum())
     kv = (quantize_kv(rng.standard_normal((rows, 576), dtype=np.float32), "bf16") if kv_format == "bf16"
-          else random_cache(rows, kv_format, rng, scale_stride=24))
+          else random_cache(rows, kv_format, rng, scale_stride=24, fp8_variant=fp8_variant))
     q = rng.standard_normal((int(qo[-1]), heads, 576), dtype=np.float32).astype(ml_dtypes.bfloat16)
     sm_scale = 576 ** -0.5
     errors = np.zeros(1, np.int32)
-    out, lse, counters = run_on_host(host_kernels, q, kv, layout, POLICY, sm_scale, "bf16", "gfx950", errors, qo)
-    emu_out, emu_lse = emulate_decode(q, kv, layout, sm_scale, POLICY, qo_indptr=qo)
+    out, lse, counters = run_on_host(host_kernels, q, kv, layout, POLICY, sm_scale, q_precision, arch, errors, qo,
+                                     spec=spec)
+    emu_out, emu_lse = emulate_decode(q, kv, layout, sm_scale, POLICY, qo_indptr=qo, **emu_kw)
     ref_out, ref_lse = mla_decode_reference(q, kv, layout, sm_scale, qo_indptr=qo)
     assert errors[0] == 0 and (counters == 0).all()
     assert np.isfinite(out).all() and not np.isnan(lse).any()  # every row written
@@ -600,8 +609,9 @@ def test_several_query_tokens_and_heads_on_cpu_match_emulator_and_reference(host
     np.testing.assert_allclose(lse, emu_lse, rtol=1e-5, atol=2e-4)
     np.testing.assert_allclose(out, emu_out, rtol=1e-2, atol=1e-3)
     assert np.mean(out != emu_out) < 2e-3
-    scale = np.abs(ref_out).max()
-    assert np.abs(out - ref_out).max() <= 2e-2 * scale
+    if q_precision == "bf16":  # a quantized Q is the emulator's to bound (test_emulate.py)
+        scale = np.abs(ref_out).max()
+        assert np.abs(out - ref_out).max() <= 2e-2 * scale
     # Query token j of n sees len - n + j + 1 tokens: the first token of sequence 0 sees one.
     k0 = kv.dequantize(layout.rows(0, 0, 1))
     np.testing.assert_allclose(ref_out[0], np.broadcast_to(k0[0, :512], (heads, 512)), rtol=1e-6)
@@ -609,10 +619,14 @@ def test_several_query_tokens_and_heads_on_cpu_match_emulator_and_reference(host
 
 @pytest.mark.parametrize("kind", ["decreasing indptr", "rows past the cache", "page past the cache",
                                   "negative page id", "indptr past kv_indices", "last page length"])
-def test_invalid_device_input_gives_nan_and_an_error_bit(host_kernels, kind):
+@pytest.mark.parametrize("arch", ["portable", "gfx942"])
+def test_invalid_device_input_gives_nan_and_an_error_bit(host_kernels, kind, arch):
     """The host never reads kv_indptr / kv_indices / kv_last_page_len: the kernel checks
     them, reads nothing outside the arrays it was given, writes NaN for the sequence it
-    cannot trust and sets the error word; every other sequence stays right."""
+    cannot trust and sets the error word; every other sequence stays right. The portable
+    kernel and the gfx942 fast kernel (bf16 cache: tests/host_cdna.h)."""
+    spec = kernels.fast_split_kernel(arch, "bf16", "bf16") if arch != "portable" else None
+    arch = "gfx950" if arch == "portable" else arch
     q, kv, contiguous = _case("bf16", "e4m3fn", seed=3)
     rng = np.random.default_rng(4)
     paged = random_page_table(LENS, 16, rng)
@@ -642,13 +656,13 @@ def test_invalid_device_input_gives_nan_and_an_error_bit(host_kernels, kind):
             hit, bit = [2], 8
         lay = RawLayout(ip, idx, last, 16)
     errors = np.zeros(1, dtype=np.int32)
-    out, lse, counters = run_on_host(host_kernels, q, cache, lay, POLICY, 1 / 24, "bf16", "gfx950", errors)
+    out, lse, counters = run_on_host(host_kernels, q, cache, lay, POLICY, 1 / 24, "bf16", arch, errors, spec=spec)
     assert errors[0] & bit, (kind, int(errors[0]))
     assert np.isnan(out[hit]).all() and np.isnan(lse[hit]).all(), kind
     ok = [s for s in range(len(LENS)) if s not in hit]
     assert not np.isnan(out[ok]).any() and not np.isnan(lse[ok]).any(), kind
     assert (counters == 0).all()  # merges of poisoned sequences still reset their counters
-    clean_out, clean_lse, _ = run_on_host(host_kernels, q, kv, contiguous, POLICY, 1 / 24, "bf16", "gfx950")
+    clean_out, clean_lse, _ = run_on_host(host_kernels, q, kv, contiguous, POLICY, 1 / 24, "bf16", arch, spec=spec)
     # sequence 6 of the decreasing indptr reads other rows now: finite, but not the clean output
     good = [s for s in ok if not (kind == "decreasing indptr" and s == 6)]
     np.testing.assert_allclose(out[good], clean_out[good], rtol=1e-2, atol=1e-3)
