@@ -145,7 +145,7 @@ def host_table(kv_format: str, calls: int, rounds: int) -> list[str]:
             dec = Decoder(kv_format, 1 / 24, max_batch=batch, selftest=False)  # no kernel runs under the stub
             cases.append(("paged" if paged else "contiguous", batch, dec, bufs, extra, views(made, calls)))
     # rounds interleaved over the cases: a slow spell of a shared machine hits them all alike
-    figures = [[host_figures(*case[2:], calls) for case in cases] for _ in range(rounds)]
+    figures = [[host_figures(*case[2:], calls, rounds=1) for case in cases] for _ in range(rounds)]
     lines = [f"host us per Decoder.run, {kv_format}, launch stubbed (least median of {rounds} x {calls})",
              f"{'layout':>10} {'batch':>5} {'same':>6} {'views':>6} {'raw':>6}"]
     for i, (layout, batch, *_) in enumerate(cases):
