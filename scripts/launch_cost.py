@@ -45,6 +45,8 @@ def main(argv: list[str]) -> int:
     p.add_argument("--formats", default="bf16,fp8,mxfp4")
     p.add_argument("--shape", default="32x8k")
     p.add_argument("--calls", type=int, default=2000)
+    p.add_argument("--after-torch", action="store_true",
+                   help="time run() again right after a few torch ops, and a second later")
     a = p.parse_args(argv)
     b, n = a.shape.split("x")
     b, n = int(b), int(n.replace("k", "")) * (1024 if n.endswith("k") else 1)
@@ -81,6 +83,16 @@ def main(argv: list[str]) -> int:
 
         figures = [(median_us(f, a.calls, False), median_us(f, a.calls, True)) for f in (run, launch, c_noop)]
         print(f"{fmt:>6} " + " ".join(f"{busy:5.1f} /{idle:5.1f}" for busy, idle in figures), flush=True)
+        if a.after_torch:
+            import torch
+
+            x = torch.randn(b, 16, 576, device="cuda", dtype=torch.bfloat16)
+            k = torch.randn(b, 2048, 576, device="cuda", dtype=torch.bfloat16)
+            torch.softmax(torch.bmm(x, k.transpose(1, 2)).float(), dim=-1)
+            torch.cuda.synchronize()
+            for label, pause in (("right after torch ops", 0.0), ("1 s later", 1.0)):
+                time.sleep(pause)
+                print(f"{fmt:>6} run, busy GPU, {label}: {median_us(run, a.calls, False):5.1f}", flush=True)
         dec.close()
     return 0
 
