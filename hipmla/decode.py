@@ -359,13 +359,14 @@ def buffer_key(obj):
 
 
 def resolve_q_precision(q_precision: str, arch: str, kv_format: str) -> str:
-    """``"auto"``: the most accurate Q that keeps decode at the memory limit — the fast
-    kernel's default Q where ``arch`` has a fast kernel for ``kv_format``, else bf16."""
+    """``"auto"``: :data:`hipmla.kernels.AUTO_Q_PRECISION` (bf16: the most accurate Q, on
+    instructions proven on hardware) on every ``arch`` and ``kv_format``; any other choice
+    as it is."""
     check_choice(q_precision, "q_precision", ("auto",) + kernels.Q_PRECISIONS)
-    if q_precision != "auto":
-        return q_precision
-    fast = kernels.fast_split_kernel(arch, kv_format, kernels.DEFAULT_FAST_Q_PRECISION)
-    return kernels.DEFAULT_FAST_Q_PRECISION if fast is not None else "bf16"
+    check_choice(kv_format, "kv_format", KV_FORMATS)
+    if not isinstance(arch, str) or not arch:
+        raise ValueError(f"arch: expected an offload arch such as 'gfx950' or 'sm_90', got {arch!r}")
+    return kernels.AUTO_Q_PRECISION if q_precision == "auto" else q_precision
 
 
 @dataclass(frozen=True)

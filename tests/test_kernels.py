@@ -223,8 +223,9 @@ def test_fast_gfx950_build_within_budget(amd_builds, spec: KernelSpec):
 
 @pytest.mark.parametrize("spec", FAST_950, ids=lambda s: s.symbol)
 def test_fast_gfx950_code_uses_the_matrix_cores(spec: KernelSpec, tmp_path):
-    """llvm-objdump of the build: the scaled MFMA (fp8 or fp4 B operand as specialised),
-    the bf16 MFMA, the scaled fp4 -> bf16 convert and the global -> LDS copy are there."""
+    """llvm-objdump of the build: the scaled MFMA (fp8 or fp4 B operand as specialised;
+    none at all with bf16 Q, whose Q.K is the convert + bf16 MFMA the seed ran), the bf16
+    MFMA, the scaled fp4 -> bf16 convert and the global -> LDS copy are there."""
     objdump = shutil.which("llvm-objdump-22")
     if CLANG is None or objdump is None:
         pytest.skip("clang++-22 / llvm-objdump-22 not installed")
@@ -236,12 +237,13 @@ def test_fast_gfx950_code_uses_the_matrix_cores(spec: KernelSpec, tmp_path):
                     str(tu), "-o", str(co)], check=True, capture_output=True)
     text = subprocess.run([objdump, "-d", str(co)], capture_output=True, text=True, check=True).stdout
     scaled = re.findall(r"v_mfma_scale_f32_16x16x128_f8f6f4 .*", text)
-    assert len(scaled) == 10  # 2 score groups x 5 k-steps, unrolled
-    q_fp4 = spec.symbol.endswith("qmxfp4")
+    q_bf16, q_fp4 = spec.symbol.endswith("qbf16"), spec.symbol.endswith("qmxfp4")
+    assert len(scaled) == (0 if q_bf16 else 10)  # 2 score groups x 5 k-steps, unrolled
     # A = K is always e2m1 (cbsz:4); B = Q is e2m1 (blgp:4) or e4m3 (blgp omitted: 0)
     assert all("cbsz:4" in line and (("blgp:4" in line) == q_fp4) for line in scaled)
-    assert len(re.findall(r"\bv_mfma_f32_16x16x32_bf16\b", text)) == 32
-    assert len(re.findall(r"\bv_cvt_scalef32_pk_bf16_fp4\b", text)) == 128
+    # P.V: 32 bf16 MFMAs on 128 converts; bf16 Q.K: 2 groups x 18 k-steps, 4 converts each
+    assert len(re.findall(r"\bv_mfma_f32_16x16x32_bf16\b", text)) == 32 + (36 if q_bf16 else 0)
+    assert len(re.findall(r"\bv_cvt_scalef32_pk_bf16_fp4\b", text)) == 128 + (144 if q_bf16 else 0)
     assert re.search(r"\bglobal_load_lds_dwordx4\b", text)
     assert re.search(r"\bds_bpermute_b32\b", text)
 
@@ -294,12 +296,13 @@ def test_fast_split_kernel_choice():
     assert spec.options("gfx950") == ["-DHIPMLA_KV_FORMAT=2", "-DHIPMLA_Q_PRECISION=1", "-DHIPMLA_FP8_FNUZ=0"]
     assert spec.builds_for("gfx950") and not spec.builds_for("gfx942") and not spec.builds_for("sm_90")
     assert kernels.fast_split_kernel("gfx950:xnack-", "mxfp4", "mxfp4").symbol.endswith("_qmxfp4")
-    # no fast kernel: other formats, bf16 Q, other archs (the portable kernel does it all)
-    for arch, kv, qp in (("gfx950", "fp8", "fp8"), ("gfx950", "mxfp4", "bf16"),
+    assert kernels.fast_split_kernel("gfx950", "mxfp4", "bf16").symbol.endswith("_mxfp4_qbf16")
+    # no fast kernel: other formats, other archs (the portable kernel does it all)
+    for arch, kv, qp in (("gfx950", "fp8", "fp8"), ("gfx950", "bf16", "bf16"),
                          ("gfx942", "mxfp4", "fp8"), ("sm_90", "mxfp4", "fp8")):
         assert kernels.fast_split_kernel(arch, kv, qp) is None
     assert kernels.fast_kernels("sm_90") == [] and kernels.kernels_for_arch("sm_90") == all_kernels()
-    assert [s.symbol for s in kernels.kernels_for_arch("gfx950")][-2:] == [s.symbol for s in FAST_950]
+    assert [s.symbol for s in kernels.kernels_for_arch("gfx950")][-3:] == [s.symbol for s in FAST_950]
     assert all(s.builds_for("sm_90") for s in all_kernels())
     assert [s.symbol for s in kernels.kernels_for_arch("gfx942")][-3:] == [s.symbol for s in FAST_942]
     with pytest.raises(ValueError, match="arch: expected an offload arch"):
@@ -513,7 +516,7 @@ def test_paged_cache_on_cpu_is_bit_identical_to_contiguous(host_kernels, kv_form
 # The CDNA fast kernels, whole, on the CPU: their wave64 instructions emulated from the
 # operand layouts the arch headers cite (tests/host_cdna.h says what that can and cannot
 # prove). Masked tails: the policy has no fast_tile, so they take every item.
-FAST_CASES = [("gfx950", "mxfp4", "fp8"), ("gfx950", "mxfp4", "mxfp4"),
+FAST_CASES = [("gfx950", "mxfp4", "bf16"), ("gfx950", "mxfp4", "fp8"), ("gfx950", "mxfp4", "mxfp4"),
               ("gfx942", "bf16", "bf16"), ("gfx942", "fp8", "bf16"), ("gfx942", "mxfp4", "bf16")]
 
 
@@ -539,7 +542,8 @@ def test_fast_kernels_on_cpu_match_emulator(host_kernels, arch, kv_format, q_pre
 
 
 @pytest.mark.parametrize("arch, kv_format, q_precision, page_size",
-                         [("gfx950", "mxfp4", "fp8", 1), ("gfx950", "mxfp4", "mxfp4", 64),
+                         [("gfx950", "mxfp4", "bf16", 16), ("gfx950", "mxfp4", "fp8", 1),
+                          ("gfx950", "mxfp4", "mxfp4", 64),
                           ("gfx942", "fp8", "bf16", 16), ("gfx942", "mxfp4", "bf16", 1)])
 def test_fast_kernels_on_cpu_paged_is_bit_identical_to_contiguous(host_kernels, arch, kv_format, q_precision,
                                                                   page_size):
@@ -670,10 +674,8 @@ def test_invalid_device_input_gives_nan_and_an_error_bit(host_kernels, kind, arc
 
 def test_gfx942_fast_kernels_take_bf16_q_for_every_cache():
     """gfx942 routes whole tiles of bf16, fp8 and MXFP4 caches to its bf16-MFMA kernel,
-    with bf16 Q only. The decoder's "auto" Q asks for DEFAULT_FAST_Q_PRECISION first and
-    falls back to bf16 where that has no fast kernel: on gfx942 that fallback must land
-    on the fast kernel, not on the portable one."""
-    assert kernels.DEFAULT_FAST_Q_PRECISION != "bf16"
+    with bf16 Q only (the decoder's "auto" Q, so "auto" lands on the fast kernel)."""
+    assert kernels.AUTO_Q_PRECISION == "bf16"
     for kv in kernels.KV_FORMATS:
         spec = kernels.fast_split_kernel("gfx942:sramecc+:xnack-", kv, "bf16")
         assert spec.symbol == f"hipmla_decode_split_gfx942_{kv}_qbf16"
@@ -681,7 +683,7 @@ def test_gfx942_fast_kernels_take_bf16_q_for_every_cache():
         assert spec.options("gfx942") == [f"-DHIPMLA_KV_FORMAT={kernels.FORMAT_CODES[kv]}",
                                           "-DHIPMLA_Q_PRECISION=0", "-DHIPMLA_FP8_FNUZ=1"]
         assert spec.builds_for("gfx942") and not spec.builds_for("gfx950")
-        assert kernels.fast_split_kernel("gfx942", kv, kernels.DEFAULT_FAST_Q_PRECISION) is None
+        assert kernels.fast_split_kernel("gfx942", kv, "fp8") is None
         assert kernels.fast_split_kernel("gfx942", kv, "mxfp4") is None
         assert kernels.fast_split_kernel("sm_90", kv, "bf16") is None  # nothing changes elsewhere
 

@@ -240,7 +240,7 @@ def test_a_kernel_that_does_not_build_falls_back_and_is_tried_again_next_process
 
 
 @pytest.mark.parametrize("arch, kv_format, portable", [
-    ("gfx950", "mxfp4", "hipmla_decode_split_mxfp4_qfp8"),  # the fast kernel's MXFP8 Q stays
+    ("gfx950", "mxfp4", "hipmla_decode_split_mxfp4_qbf16"),  # the fast kernel's bf16 Q stays
     ("gfx942:sramecc+:xnack-", "fp8", "hipmla_decode_split_fp8_qbf16"),
 ])
 def test_amd_fast_kernels_are_checked_too(monkeypatch, checks, arch, kv_format, portable):
@@ -335,16 +335,15 @@ def test_the_runner_fails_the_fakes_zeros(monkeypatch, verdicts):
 
 @pytest.mark.parametrize("arch, decoder", [
     ("sm_90", [f"hipmla_decode_split_sm90_{kv}_qbf16" for kv in KV_FORMATS]),
-    ("gfx950", ["hipmla_decode_split_gfx950_mxfp4_qfp8", "hipmla_decode_split_gfx950_mxfp4_qmxfp4"]),
+    ("gfx950", [f"hipmla_decode_split_gfx950_mxfp4_q{q}" for q in ("bf16", "fp8", "mxfp4")]),
     ("gfx942", [f"hipmla_decode_split_gfx942_{kv}_qbf16" for kv in KV_FORMATS]),
     ("gfx90a", []),
 ])
 def test_device_plan_is_the_decoders_kernels_then_the_portable_ones(arch, decoder):
     plan = selftest.device_plan(arch, KV_FORMATS)
     assert [s.symbol for s, role in plan if role == "decoder"] == decoder
-    q = {"gfx950": {"mxfp4": "fp8"}}.get(arch, {})
     assert [s.symbol for s, role in plan if role == "portable"] == \
-        [f"hipmla_decode_split_{kv}_q{q.get(kv, 'bf16')}" for kv in KV_FORMATS]
+        [f"hipmla_decode_split_{kv}_qbf16" for kv in KV_FORMATS]  # "auto" is bf16 everywhere
 
 
 def test_cli_without_a_gpu_says_so_and_exits_2(monkeypatch, capsys):

@@ -1,5 +1,6 @@
 // gfx950 fast split kernel: MXFP4 KV, items of any length (a masked partial last tile),
-// Q.K on the scaled MFMA, P.V on the bf16 MFMA. Launched with the same grid as
+// Q.K on the bf16 MFMA (bf16 Q, the default) or the scaled MFMA (MXFP8 / MXFP4 Q, opt-in),
+// P.V on the bf16 MFMA. Launched with the same grid as
 // decode/split.hip: block i derives work item i from the batch (core/schedule.h). With
 // p.fast_tile = 0 it runs every item, empty and bad ones included (the decoder then
 // launches no portable kernel for this variant); with p.fast_tile > 0 only the items
@@ -9,13 +10,16 @@
 // merges the slots (core/merge.h). An empty item (only ever a whole empty sequence)
 // writes 0 and LSE -inf; a bad item (it.bad) sets the error word, reads no KV and writes
 // NaN (output, or partial: m, l and acc NaN), as split.hip does.
-// Numerics: those of hip_src/KERNELS.md for Q precision fp8 / mxfp4, walked in the
-// schedule below; hipmla.emulate.emulate_fast_item models it ("Fast paths" in
-// hip_src/KERNELS.md).
+// Numerics: those of hip_src/KERNELS.md for the Q precision, walked in the schedule
+// below; hipmla.emulate.emulate_fast_item models it ("Fast paths" in hip_src/KERNELS.md).
 //
 // Specialisation (all required):
 //   HIPMLA_KV_FORMAT    2 (mxfp4; the only format of this kernel)
-//   HIPMLA_Q_PRECISION  1 (Q as MXFP8 e4m3, fp8 x fp4 MFMA) or 2 (Q as MXFP4, fp4 x fp4)
+//   HIPMLA_Q_PRECISION  0 (bf16 Q as it is: K converted to bf16 by v_cvt_scalef32_pk_bf16_fp4,
+//                       Q.K on v_mfma_f32_16x16x32_bf16 -- only instructions the seed kernel
+//                       ran on MI355X; the decoder's default), 1 (Q as MXFP8 e4m3, fp4 x fp8
+//                       scaled MFMA: its B layout is unconfirmed, opt-in) or 2 (Q as MXFP4,
+//                       fp4 x fp4 scaled MFMA, as the seed ran it)
 //   HIPMLA_FP8_FNUZ     0 (gfx950 fp8 is e4m3fn)
 //
 // Block = 4 waves. An item of n tokens is ceil(n / 128) tiles; each tile is cut in four
@@ -32,8 +36,11 @@
 // QuarterRows by ds_bpermute), while the LDS side stays contiguous: 32 rows x 288 bytes,
 // exactly as a contiguous cache would land. Lane l also loads the 9 E8M0 bytes
 // 9 (l % 2).. of token l / 2's scale row, held packed in registers until they go to LDS.
-// LDS: two buffers per wave (78,848 B); the schedule's scan and Q stage in the second
-// buffers before the first prefetch, the wave merge reuses all of it at the end.
+// LDS: two buffers per wave (78,848 B, + a 16-byte stub of the bf16 Q array = 78,864 B
+// with quantized Q); the schedule's scan and a quantized Q stage in the
+// second buffers before the first prefetch, the wave merge reuses all of it at the end.
+// bf16 Q stays in LDS of its own (18,432 B more: 97,280 B, one block per CU), because
+// every k-step of every tile reads it: in registers it would take 72 VGPRs per lane.
 //
 // Masked tail (arch/cdna.h): only the last tile may be partial. A token t of a quarter
 // with t >= valid (valid = the quarter's tokens before the item's end, wave-uniform, <= 0
@@ -47,7 +54,8 @@
 // tokens still costs a whole tile (4 x 9 KiB of copies, mostly the same row from L2).
 //
 // Per quarter, in wave64 lane roles (arch/gfx950.h): Q.K is computed transposed,
-// S^T = K Q^T (A = K rows, B = Q), so each lane ends with scores of ONE head
+// S^T = K Q^T (A = K rows, B = Q; bf16 Q: 18 k-steps of 32, each one E8M0 block of K,
+// quarter_scores_bf16; quantized Q: 5 scaled k-steps of 128), so each lane ends with scores of ONE head
 // (lane_col) for 8 tokens; the head's max is a 4-lane reduction, and P^T is already in
 // the B-operand layout of the transposed P.V, O^T = V^T P^T, whose outputs again belong
 // to one head per lane: alpha rescales with no cross-lane traffic.
@@ -61,17 +69,19 @@
 #include "arch/gfx950.h"
 
 #if !defined(HIPMLA_KV_FORMAT) || !defined(HIPMLA_Q_PRECISION) || !defined(HIPMLA_FP8_FNUZ)
-#error "split_mfma_gfx950.hip needs -DHIPMLA_KV_FORMAT=2 -DHIPMLA_Q_PRECISION=<1|2> -DHIPMLA_FP8_FNUZ=0"
+#error "split_mfma_gfx950.hip needs -DHIPMLA_KV_FORMAT=2 -DHIPMLA_Q_PRECISION=<0|1|2> -DHIPMLA_FP8_FNUZ=0"
 #endif
 #if HIPMLA_KV_FORMAT != 2 || HIPMLA_FP8_FNUZ != 0
 #error "split_mfma_gfx950.hip: MXFP4 KV (HIPMLA_KV_FORMAT=2) and e4m3fn (HIPMLA_FP8_FNUZ=0) only"
 #endif
-#if HIPMLA_Q_PRECISION == 1
+#if HIPMLA_Q_PRECISION == 0
+#define HIPMLA_FAST_NAME hipmla_decode_split_gfx950_mxfp4_qbf16
+#elif HIPMLA_Q_PRECISION == 1
 #define HIPMLA_FAST_NAME hipmla_decode_split_gfx950_mxfp4_qfp8
 #elif HIPMLA_Q_PRECISION == 2
 #define HIPMLA_FAST_NAME hipmla_decode_split_gfx950_mxfp4_qmxfp4
 #else
-#error "split_mfma_gfx950.hip: HIPMLA_Q_PRECISION must be 1 (fp8) or 2 (mxfp4)"
+#error "split_mfma_gfx950.hip: HIPMLA_Q_PRECISION must be 0 (bf16), 1 (fp8) or 2 (mxfp4)"
 #endif
 
 namespace hipmla {
@@ -79,6 +89,7 @@ namespace fast950 {
 
 using namespace gfx950;
 
+constexpr bool Q_BF16 = HIPMLA_Q_PRECISION == FORMAT_BF16;
 constexpr bool Q_FP8 = HIPMLA_Q_PRECISION == FORMAT_FP8;
 constexpr int Q_FMT = Q_FP8 ? MFMA_FMT_E4M3 : MFMA_FMT_E2M1;
 constexpr int WAVES = 4;
@@ -97,6 +108,7 @@ constexpr int Q_BYTES_PER_HEAD = Q_FP8 ? D_QK : D_QK / 2;
 constexpr int V_GROUPS = D_V / (MFMA_N * 8);       // 4: 128 columns, one dword of a row per lane
 constexpr int V_TILES = 8;                         // MFMA tiles per V group: nibble n of the dword
 constexpr int SCALE_BYTES_PER_LANE = QUARTER * SCALES / WAVE;  // 9
+constexpr int BF16_STEPS = D_QK / BF16_K;          // 18 bf16 Q.K k-steps: one E8M0 block each
 
 static_assert(THREADS == BLOCK_THREADS, "the fast kernel launches the project's block size");
 static_assert(HEADS == MFMA_N, "one head per lane_col: H = 16");
@@ -109,6 +121,8 @@ static_assert(QUARTER * SCALES == SCALE_BYTES_PER_LANE * WAVE && SCALE_BYTES_PER
 static_assert(D_V == V_GROUPS * MFMA_N * 8, "V groups tile the value width");
 static_assert(GROUPS * MFMA_N == QUARTER && TILE == WAVES * QUARTER,
               "masking: score (i, j) is token 16 i + 4 j + token_base of the quarter");
+static_assert(BF16_STEPS * BF16_K == D_QK && BF16_K == MX_BLOCK,
+              "bf16 Q.K: whole k-steps of 32, one E8M0 block of K each");
 
 struct Buffer {
     alignas(16) unsigned char kv[QUARTER_BYTES];
@@ -127,20 +141,25 @@ struct Merge {                                    // after the last tile
     int last;                                     // arrive_last's flag
 };
 
-// buf[1] is free until the first prefetch, so the schedule's scan and Q are staged there
-// (the schedule is done before Q is staged; both before the first prefetch).
-union alignas(16) Smem {
-    Buffer buf[2][WAVES];
-    struct {
-        Buffer first[WAVES];
-        QStage q;
-        ScheduleSmem<THREADS> sched;
-    } start;
-    Merge merge;
+// buf[1] is free until the first prefetch, so the schedule's scan and the quantized Q are
+// staged there (the schedule is done before Q is staged; both before the first prefetch).
+// bf16 Q is read from LDS by every k-step of every tile, so it has LDS of its own.
+struct alignas(16) Smem {
+    union alignas(16) {
+        Buffer buf[2][WAVES];
+        struct {
+            Buffer first[WAVES];
+            QStage q;
+            ScheduleSmem<THREADS> sched;
+        } start;
+        Merge merge;
+    };
+    alignas(16) unsigned short q_bf16[Q_BF16 ? HEADS * D_QK : 8];  // [head][dim]
 };
 static_assert(sizeof(QStage) + sizeof(ScheduleSmem<THREADS>) <= sizeof(Buffer) * WAVES,
               "the schedule and Q stage inside the second buffers");
-static_assert(sizeof(Smem) == sizeof(Buffer) * 2 * WAVES, "LDS is the two buffers of every wave");
+static_assert(sizeof(Smem) == sizeof(Buffer) * 2 * WAVES + (Q_BF16 ? 2 * HEADS * D_QK : 16),
+              "LDS is the two buffers of every wave (and bf16 Q)");
 
 // Token of a quarter that score group i, D row x holds. The 4 lane groups read rows
 // {0, 2, 1, 3} + 4j, so the two 32-lane halves of a P.V dword read start on rows two
@@ -206,6 +225,14 @@ HIPMLA_DEVICE void stage_q(QStage& qs, const MlaDecodeParams& p, int row) {
         }
         qs.scale[h * SCALE_STRIDE + blk] = (unsigned char)(e + 127);
     }
+}
+
+// bf16 Q of `row` into LDS as it is ([head][dim]): 16-byte chunks, 4.5 per thread.
+HIPMLA_DEVICE void stage_q_bf16(unsigned short* qs, const MlaDecodeParams& p, int row) {
+    const u32x4* q = reinterpret_cast<const u32x4*>(static_cast<const unsigned short*>(p.q) +
+                                                    (long long)row * HEADS * D_QK);
+    u32x4* dst = reinterpret_cast<u32x4*>(qs);
+    for (int c = int(thread_index()); c < HEADS * D_QK / 8; c += THREADS) dst[c] = q[c];
 }
 
 // This lane's B operand (Q^T: column = head lane_col) of k-step s, and its scale.
@@ -297,6 +324,37 @@ HIPMLA_DEVICE void quarter_scores(const Buffer& b, const QOperand& q, f32x4* sco
     }
 }
 
+// S^T of one quarter with bf16 Q (the instructions the seed ran on MI355X: the scaled
+// fp4 -> bf16 convert and the bf16 MFMA): k-step s is dims 32 s .. 32 s + 31, one E8M0
+// block; lane (x, g) converts the 8 E2M1 of dims 32 s + 8 g .. + 7 of token score_token(i,
+// x) (one dword of its row, times the block's scale: exact in bf16) into its A operand,
+// and reads Q[lane_col][32 s + 8 g .. + 7] from LDS as its B operand, shared by the
+// quarter's two groups. score[i][j] as in quarter_scores.
+HIPMLA_DEVICE void quarter_scores_bf16(const Buffer& b, const unsigned short* qs, f32x4* score) {
+    const int x = lane_col(), g = lane_rowgroup();
+    int token[GROUPS];
+    f32x4 d[GROUPS];
+#pragma unroll
+    for (int i = 0; i < GROUPS; ++i) {
+        token[i] = score_token(i, x);
+        d[i] = f32x4{0.0f, 0.0f, 0.0f, 0.0f};
+    }
+#pragma unroll
+    for (int s = 0; s < BF16_STEPS; ++s) {
+        const u32x4 qb = *reinterpret_cast<const u32x4*>(qs + x * D_QK + BF16_K * s + 8 * g);
+#pragma unroll
+        for (int i = 0; i < GROUPS; ++i) {
+            const unsigned kw = *reinterpret_cast<const unsigned*>(b.kv + token[i] * ROW_BYTES + 16 * s + 4 * g);
+            const float ks = e8m0_to_f32(b.scale[token[i] * SCALE_STRIDE + s]);
+            const u32x4 a = {cvt_fp4x2_bf16x2<0>(kw, ks), cvt_fp4x2_bf16x2<1>(kw, ks),
+                             cvt_fp4x2_bf16x2<2>(kw, ks), cvt_fp4x2_bf16x2<3>(kw, ks)};
+            d[i] = mfma_bf16_16x16x32(a, qb, d[i]);
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < GROUPS; ++i) score[i] = d[i];
+}
+
 // Tiles n = 2 BYTE, 2 BYTE + 1 of a value group: columns 8 x + n from byte BYTE of each
 // token's dword (`words`, scales `scale`), transposed to k-pairs of tokens.
 template <int BYTE>
@@ -366,10 +424,15 @@ HIPMLA_KERNEL(hipmla::fast950::THREADS) void HIPMLA_FAST_NAME(const MlaDecodePar
 
     LaneScales scales = {};
     if (n_tiles > 0) scales = fetch_quarter(sm.start.first[w], p, quarter_rows(kv, quarter_begin, last));
-    stage_q(sm.start.q, p, row);
+    if constexpr (Q_BF16) {
+        stage_q_bf16(sm.q_bf16, p, row);
+    } else {
+        stage_q(sm.start.q, p, row);
+    }
     block_sync();
-    const QOperand q = load_q_operand(sm.start.q);
-    block_sync();  // buf[1] (where Q was) is free for the first prefetch
+    QOperand q;
+    if constexpr (!Q_BF16) q = load_q_operand(sm.start.q);
+    block_sync();  // buf[1] (where Q or the schedule was) is free for the first prefetch
     // The rows of a quarter are read a tile before its copy (the last tile reads its own
     // again: no token past the item), always just before the wait for the copies in
     // flight: row() uses a page id as soon as it has read it, so reading it anywhere else
@@ -398,7 +461,11 @@ HIPMLA_KERNEL(hipmla::fast950::THREADS) void HIPMLA_FAST_NAME(const MlaDecodePar
         if (tile + 1 < n_tiles) scales = fetch_quarter(sm.buf[(tile + 1) & 1][w], p, next_rows);
 
         f32x4 score[GROUPS];
-        quarter_scores(cur, q, score);
+        if constexpr (Q_BF16) {
+            quarter_scores_bf16(cur, sm.q_bf16, score);
+        } else {
+            quarter_scores(cur, q, score);
+        }
         // Tokens of this quarter before the item's end (wave-uniform; >= 32 but on the last
         // tile): the others get -inf, so P = 0 for them.
         const int valid = it.begin + n_tokens - (quarter_begin + TILE * tile);
