@@ -32,7 +32,8 @@
 // No KV goes through LDS: every lane loads the KV bytes its MFMA operands need straight
 // from global memory (16 contiguous elements of one row for Q.K; one dword of each of 4
 // rows for P.V, the first 512 columns read a second time from cache). That keeps LDS at
-// the 16 KiB merge buffer plus the schedule's 2 KiB, far inside gfx942's 64 KiB, so LDS
+// Q (18,688 B, in one union with the 16 KiB merge buffer and the schedule's 2 KiB: 18,704
+// B in all), far inside gfx942's 64 KiB, so LDS
 // never limits occupancy.
 //
 // Rows come from core/paged.h, so any page size (1..128) and any page ids work: at the
@@ -125,11 +126,19 @@ struct Merge {
     alignas(16) float acc[MERGE_TILES * 4][WAVE];  // one round of a wave's accumulators, register order
 };
 
+// Q in LDS, [head][dim] rows padded so that the 16 heads' reads of one k-step start 4
+// banks apart (2 lanes a bank: the fewest passes for 16 lanes x 4 dwords).
+constexpr int Q_STRIDE = D_QK + 8;                             // bf16 per head row (1,168 B)
+
 struct Smem {
-    ScheduleSmem<THREADS> sched;                   // the block's work item (start)
-    Merge merge;                                   // the four waves' states (end)
-    int last;                                      // arrive_last's flag
+    union {
+        ScheduleSmem<THREADS> sched;                   // the block's work item (start)
+        alignas(16) unsigned short q[HEADS * Q_STRIDE];  // bf16 Q (the tile loop)
+        Merge merge;                                   // the four waves' states (end)
+    };
+    int last;                                          // arrive_last's flag
 };
+static_assert(Q_STRIDE % 8 == 0, "16-byte Q rows");
 
 HIPMLA_DEVICE const unsigned char* row_ptr(const MlaDecodeParams& p, long long row) {
     return static_cast<const unsigned char*>(p.kv) + row * ROW_BYTES;
@@ -185,37 +194,32 @@ HIPMLA_DEVICE void k_chunk(const MlaDecodeParams& p, long long row, int j, unsig
     }
 }
 
-// B operand of Q.K (Q^T: column = head lane_col) for all chunks, straight from memory.
-struct QOperand {
-    u32x2 step[CHUNKS][STEPS_PER_CHUNK];
-};
-
-HIPMLA_DEVICE QOperand load_q_operand(const MlaDecodeParams& p, int row) {
-    QOperand op;
-    const unsigned short* q = static_cast<const unsigned short*>(p.q) + ((long long)row * HEADS + lane_col()) * D_QK;
-#pragma unroll
-    for (int j = 0; j < CHUNKS; ++j) {
-        const u32x4* src = reinterpret_cast<const u32x4*>(q + CHUNK * j + LANE_CHUNK * lane_rowgroup());
-        const u32x4 a = src[0], b = src[1];
-        op.step[j][0] = u32x2{a.x, a.y};
-        op.step[j][1] = u32x2{a.z, a.w};
-        op.step[j][2] = u32x2{b.x, b.y};
-        op.step[j][3] = u32x2{b.z, b.w};
+// Q of `row` into LDS as it is: 16-byte chunks, 4.5 per thread.
+HIPMLA_DEVICE void stage_q(unsigned short* qs, const MlaDecodeParams& p, int row) {
+    const unsigned short* q = static_cast<const unsigned short*>(p.q) + (long long)row * HEADS * D_QK;
+    constexpr int PER_HEAD = D_QK / 8;
+    for (int c = int(thread_index()); c < HEADS * PER_HEAD; c += THREADS) {
+        const int h = c / PER_HEAD, k = c % PER_HEAD;
+        *reinterpret_cast<u32x4*>(qs + h * Q_STRIDE + 8 * k) = *reinterpret_cast<const u32x4*>(q + h * D_QK + 8 * k);
     }
-    return op;
 }
 
 // S^T of 16-token group s of the quarter of `rows`: D[4g + i][h] = k_{16 s + 4g + i} . q_h
-// (raw).
-HIPMLA_DEVICE f32x4 group_scores(const MlaDecodeParams& p, const QuarterRows& rows, int s, const QOperand& q) {
+// (raw). B = Q^T (column = head lane_col) from LDS, the same 16 elements per chunk as K
+// (64 j + 16 g ..): Q in registers would hold 72 VGPRs across the tile loop.
+HIPMLA_DEVICE f32x4 group_scores(const MlaDecodeParams& p, const QuarterRows& rows, int s, const unsigned short* qs) {
     const long long row = rows.at(MFMA_N * s + lane_col());  // A row = token
+    const unsigned short* qrow = qs + lane_col() * Q_STRIDE + LANE_CHUNK * lane_rowgroup();
     f32x4 d = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
     for (int j = 0; j < CHUNKS; ++j) {
         unsigned dw[8];
         k_chunk(p, row, j, dw);
+        const u32x4 qa = reinterpret_cast<const u32x4*>(qrow + CHUNK * j)[0];
+        const u32x4 qb = reinterpret_cast<const u32x4*>(qrow + CHUNK * j)[1];
+        const u32x2 qstep[STEPS_PER_CHUNK] = {{qa.x, qa.y}, {qa.z, qa.w}, {qb.x, qb.y}, {qb.z, qb.w}};
 #pragma unroll
-        for (int i = 0; i < STEPS_PER_CHUNK; ++i) d = mfma_bf16_16x16x16(u32x2{dw[2 * i], dw[2 * i + 1]}, q.step[j][i], d);
+        for (int i = 0; i < STEPS_PER_CHUNK; ++i) d = mfma_bf16_16x16x16(u32x2{dw[2 * i], dw[2 * i + 1]}, qstep[i], d);
     }
     return d;
 }
@@ -296,7 +300,8 @@ HIPMLA_KERNEL(hipmla::fast942::THREADS) void HIPMLA_FAST_NAME(const MlaDecodePar
     const float score_scale = KV == FORMAT_FP8 ? p.sm_scale_log2 * p.kv_fp8_scale : p.sm_scale_log2;
     const float value_scale = KV == FORMAT_FP8 ? p.kv_fp8_scale : 1.0f;
 
-    const QOperand q = load_q_operand(p, row);
+    stage_q(smem.q, p, row);  // over the schedule's scan: every thread is past it
+    block_sync();
 
     float m_run = running_max_start();  // head h, log2 units; equal in the 4 lane groups
     float l_lane = 0.0f;    // head h, this lane's tokens
@@ -320,7 +325,7 @@ HIPMLA_KERNEL(hipmla::fast942::THREADS) void HIPMLA_FAST_NAME(const MlaDecodePar
         float tile_max = running_max_start();
 #pragma unroll
         for (int s = 0; s < GROUPS; ++s) {
-            score[s] = group_scores(p, rows, s, q);
+            score[s] = group_scores(p, rows, s, smem.q);
 #pragma unroll
             for (int i = 0; i < 4; ++i) {
                 score[s][i] = masked_score(score[s][i] * score_scale, token_base, MFMA_N * s + i, valid);
@@ -353,6 +358,7 @@ HIPMLA_KERNEL(hipmla::fast942::THREADS) void HIPMLA_FAST_NAME(const MlaDecodePar
     // acc = ((w0 a0 + w1 a1) + w2 a2) + w3 a3, accumulated through LDS in two rounds of
     // 16 tiles (the fp8 tensor scale rides on the weight).
     const float l_wave = sum_over_rowgroups(l_lane);
+    block_sync();  // every wave is done with Q, which the merge overwrites
     if (g == 0) {
         sm.m[w][h] = m_run;
         sm.l[w][h] = l_wave;

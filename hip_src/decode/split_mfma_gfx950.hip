@@ -39,7 +39,7 @@
 // LDS: two buffers per wave (78,848 B, + a 16-byte stub of the bf16 Q array = 78,864 B
 // with quantized Q); the schedule's scan and a quantized Q stage in the
 // second buffers before the first prefetch, the wave merge reuses all of it at the end.
-// bf16 Q stays in LDS of its own (18,432 B more: 97,280 B, one block per CU), because
+// bf16 Q stays in LDS of its own (18,688 B more with padded rows: 97,536 B, one block per CU), because
 // every k-step of every tile reads it: in registers it would take 72 VGPRs per lane.
 //
 // Masked tail (arch/cdna.h): only the last tile may be partial. A token t of a quarter
@@ -109,6 +109,8 @@ constexpr int V_GROUPS = D_V / (MFMA_N * 8);       // 4: 128 columns, one dword 
 constexpr int V_TILES = 8;                         // MFMA tiles per V group: nibble n of the dword
 constexpr int SCALE_BYTES_PER_LANE = QUARTER * SCALES / WAVE;  // 9
 constexpr int BF16_STEPS = D_QK / BF16_K;          // 18 bf16 Q.K k-steps: one E8M0 block each
+// bf16 Q rows in LDS, padded so that the 16 heads' reads of one k-step start 4 banks apart.
+constexpr int Q_STRIDE = D_QK + 8;
 
 static_assert(THREADS == BLOCK_THREADS, "the fast kernel launches the project's block size");
 static_assert(HEADS == MFMA_N, "one head per lane_col: H = 16");
@@ -154,11 +156,11 @@ struct alignas(16) Smem {
         } start;
         Merge merge;
     };
-    alignas(16) unsigned short q_bf16[Q_BF16 ? HEADS * D_QK : 8];  // [head][dim]
+    alignas(16) unsigned short q_bf16[Q_BF16 ? HEADS * Q_STRIDE : 8];  // [head][dim], padded rows
 };
 static_assert(sizeof(QStage) + sizeof(ScheduleSmem<THREADS>) <= sizeof(Buffer) * WAVES,
               "the schedule and Q stage inside the second buffers");
-static_assert(sizeof(Smem) == sizeof(Buffer) * 2 * WAVES + (Q_BF16 ? 2 * HEADS * D_QK : 16),
+static_assert(sizeof(Smem) == sizeof(Buffer) * 2 * WAVES + (Q_BF16 ? 2 * HEADS * Q_STRIDE : 16),
               "LDS is the two buffers of every wave (and bf16 Q)");
 
 // Token of a quarter that score group i, D row x holds. The 4 lane groups read rows
@@ -232,7 +234,9 @@ HIPMLA_DEVICE void stage_q_bf16(unsigned short* qs, const MlaDecodeParams& p, in
     const u32x4* q = reinterpret_cast<const u32x4*>(static_cast<const unsigned short*>(p.q) +
                                                     (long long)row * HEADS * D_QK);
     u32x4* dst = reinterpret_cast<u32x4*>(qs);
-    for (int c = int(thread_index()); c < HEADS * D_QK / 8; c += THREADS) dst[c] = q[c];
+    constexpr int PER_HEAD = D_QK / 8;
+    for (int c = int(thread_index()); c < HEADS * PER_HEAD; c += THREADS)
+        dst[(c / PER_HEAD) * (Q_STRIDE / 8) + c % PER_HEAD] = q[c];
 }
 
 // This lane's B operand (Q^T: column = head lane_col) of k-step s, and its scale.
@@ -341,7 +345,7 @@ HIPMLA_DEVICE void quarter_scores_bf16(const Buffer& b, const unsigned short* qs
     }
 #pragma unroll
     for (int s = 0; s < BF16_STEPS; ++s) {
-        const u32x4 qb = *reinterpret_cast<const u32x4*>(qs + x * D_QK + BF16_K * s + 8 * g);
+        const u32x4 qb = *reinterpret_cast<const u32x4*>(qs + x * Q_STRIDE + BF16_K * s + 8 * g);
 #pragma unroll
         for (int i = 0; i < GROUPS; ++i) {
             const unsigned kw = *reinterpret_cast<const unsigned*>(b.kv + token[i] * ROW_BYTES + 16 * s + 4 * g);
