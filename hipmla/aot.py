@@ -552,6 +552,9 @@ class LoopCounts:
     global_loads: int  # global_load* / buffer_load* (LDS copies included)
     salu: int  # s_* (waits and branches included)
     total: int
+    # s_waitcnt on vmcnt between the loop's first and last MFMA: a wait for memory inside
+    # the tile's math (the next tile's copies must not be waited for there)
+    vm_waits_in_math: int = 0
 
 
 def parse_disassembly(text: str, symbol: str) -> list[Instruction]:
@@ -622,6 +625,8 @@ def count_loop(instructions: Sequence[Instruction], symbol: str) -> LoopCounts:
         lds_bytes += 64 * _LDS_WIDTH.get(suffix, 4)
     glds = [x for x in instructions if x.mnemonic.startswith(("global_load", "buffer_load"))]
     lds_bytes += sum(64 * 16 for x in glds if x.mnemonic == "global_load_lds_dwordx4")
+    at = [i for i, x in enumerate(instructions) if x.mnemonic.startswith("v_mfma")]
+    math = instructions[at[0]:at[-1] + 1] if at else []
     return LoopCounts(
         symbol=symbol,
         mfma=len(mfma),
@@ -633,6 +638,7 @@ def count_loop(instructions: Sequence[Instruction], symbol: str) -> LoopCounts:
         global_loads=len(glds),
         salu=sum(x.mnemonic.startswith("s_") for x in instructions),
         total=len(instructions),
+        vm_waits_in_math=sum(x.mnemonic == "s_waitcnt" and "vmcnt" in x.operands for x in math),
     )
 
 
@@ -650,10 +656,12 @@ def loop_counts(co_path: Path, symbol: str) -> LoopCounts:
 
 def format_counts(rows: Sequence[tuple[KernelResources, LoopCounts]]) -> str:
     lines = ["per wave and 128-token tile (main loop, static): "
-             "symbol  MFMA (cycles)  VALU (transc.)  LDS (bytes)  global loads  SALU  total"]
+             "symbol  MFMA (cycles)  VALU (transc.)  LDS (bytes)  global loads  SALU  total  "
+             "memory waits inside the math"]
     for r, c in rows:
         lines.append(f"{c.symbol} {r.arch}: MFMA {c.mfma} ({c.mfma_cycles} cyc)  VALU {c.valu} ({c.transcendental})  "
-                     f"LDS {c.lds} ({c.lds_bytes} B)  global loads {c.global_loads}  SALU {c.salu}  total {c.total}")
+                     f"LDS {c.lds} ({c.lds_bytes} B)  global loads {c.global_loads}  SALU {c.salu}  total {c.total}  "
+                     f"vm waits in math {c.vm_waits_in_math}")
     return "\n".join(lines)
 
 

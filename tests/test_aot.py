@@ -686,6 +686,17 @@ def test_main_loop_counts_one_trip_by_kind():
     assert c.lds_bytes == 64 * 16 + 64 * 16  # one b128 read + one 1 KiB copy into LDS
 
 
+def test_memory_waits_inside_the_math_are_counted():
+    """A vmcnt wait between the loop's first and last MFMA is a wait inside the math; one
+    before the first or after the last (the top of the next tile) is not, nor an LDS wait."""
+    mfma = "v_mfma_f32_16x16x32_bf16"
+    body = [aot.Instruction(4 * i, m, ops) for i, (m, ops) in enumerate([
+        ("s_waitcnt", "vmcnt(0)"), (mfma, ""), ("s_waitcnt", "lgkmcnt(0)"), ("s_waitcnt", "vmcnt(1) lgkmcnt(0)"),
+        (mfma, ""), ("s_waitcnt", "vmcnt(0)"), ("s_cbranch_scc1", "")])]
+    assert aot.count_loop(body, "k").vm_waits_in_math == 1
+    assert aot.count_loop(body[:3] + body[4:], "k").vm_waits_in_math == 0
+
+
 def test_disassembly_errors_name_the_symbol():
     with pytest.raises(ValueError, match="symbol: no function 'nope'"):
         aot.parse_disassembly(DISASM, "nope")
@@ -711,6 +722,9 @@ def test_fast_kernel_loop_is_one_tile_of_mfmas(fast_counts):
     for symbol, c in fast_counts.items():
         qk, qk_cycles = {"qbf16": (36, 16), "qfp8": (10, 32), "qmxfp4": (10, 16)}[symbol.rsplit("_", 1)[1]]
         assert c.mfma == qk + 32, (symbol, c)
+        # the next tile's copies and scales are waited for at the top of the loop, never
+        # inside this tile's MFMAs (issue 11, item 4)
+        assert c.vm_waits_in_math == 0, (symbol, c)
         assert c.global_loads >= 9, (symbol, c)
         assert c.mfma_cycles == qk * qk_cycles + 32 * 16, (symbol, c)
 
