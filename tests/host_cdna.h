@@ -180,7 +180,8 @@ struct Bf16In {
 };
 
 template <int K, class V>
-hipmla::f32x4 mfma_bf16_16x16(V a, V b, hipmla::f32x4 c) {
+hipmla::f32x4 mfma_bf16_16x16(V a, V b, hipmla::f32x4 c, int cbsz, int abid, int blgp) {
+    if (cbsz != 0 || abid != 0 || blgp != 0) unsupported("an MFMA broadcast (cbsz / abid / blgp != 0)");
     Bf16In<K> in;
     static_assert(sizeof(V) == sizeof(in.a), "K / 4 bf16 per lane");
     std::memcpy(in.a, &a, sizeof(in.a));
@@ -231,7 +232,8 @@ inline hipmla::f32x2 cvt_pk_f32_fp8(int word, bool high) {
 }
 
 // global_load_lds (dwordx4 on gfx950): lane l's `size` bytes to LDS base + offset + size l.
-inline void global_load_lds(const void* src, void* lds_base, int size, int offset) {
+inline void global_load_lds(const void* src, void* lds_base, int size, int offset, int aux) {
+    if (aux != 0) unsupported("a global_load_lds cache policy (aux != 0)");
     std::memcpy(static_cast<unsigned char*>(lds_base) + offset + size * lane(), src, size_t(size));
 }
 
@@ -247,13 +249,13 @@ inline void wave_sync() { hipmla_cdna::wave_barrier(); }
 #define __builtin_amdgcn_mfma_scale_f32_16x16x128_f8f6f4(a, b, c, fa, fb, oa, sa, ob, sb) \
     ::hipmla_cdna::mfma_scale_16x16x128(a, b, c, fa, fb, oa, sa, ob, sb)
 #define __builtin_amdgcn_mfma_f32_16x16x32_bf16(a, b, c, cbsz, abid, blgp) \
-    ::hipmla_cdna::mfma_bf16_16x16<32>(a, b, c)
+    ::hipmla_cdna::mfma_bf16_16x16<32>(a, b, c, cbsz, abid, blgp)
 #define __builtin_amdgcn_mfma_f32_16x16x16bf16_1k(a, b, c, cbsz, abid, blgp) \
-    ::hipmla_cdna::mfma_bf16_16x16<16>(a, b, c)
+    ::hipmla_cdna::mfma_bf16_16x16<16>(a, b, c, cbsz, abid, blgp)
 #define __builtin_amdgcn_perm(s0, s1, sel) ::hipmla_cdna::perm(s0, s1, sel)
 #define __builtin_amdgcn_cvt_scalef32_pk_bf16_fp4(src, scale, byte) \
     ::hipmla_cdna::cvt_scalef32_pk_bf16_fp4(src, scale, byte)
 #define __builtin_amdgcn_cvt_pk_f32_fp8(word, high) ::hipmla_cdna::cvt_pk_f32_fp8(word, high)
 #define __builtin_amdgcn_global_load_lds(src, lds, size, offset, aux) \
-    ::hipmla_cdna::global_load_lds((const void*)(src), (void*)(lds), size, offset)
+    ::hipmla_cdna::global_load_lds((const void*)(src), (void*)(lds), size, offset, aux)
 #define __builtin_amdgcn_sched_barrier(mask) ((void)0)

@@ -16,6 +16,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -559,6 +560,60 @@ def test_fast_kernels_on_cpu_paged_is_bit_identical_to_contiguous(host_kernels, 
     assert np.array_equal(out_c.view(np.uint32), out_p.view(np.uint32))
     assert np.array_equal(lse_c.view(np.uint32), lse_p.view(np.uint32))
     assert (counters == 0).all() and np.isfinite(out_p).all()
+
+
+def _tsan_runtime() -> str | None:
+    """clang-22's ThreadSanitizer runtime, to preload into a child Python."""
+    if CLANG is None:
+        return None
+    out = subprocess.run([CLANG, "-print-file-name=libclang_rt.tsan-x86_64.so"], capture_output=True, text=True)
+    path = out.stdout.strip()
+    return path if out.returncode == 0 and os.path.isabs(path) and os.path.exists(path) else None
+
+
+TSAN_CHILD = """
+import ctypes, sys
+sys.path[:0] = [{tests!r}, {root!r}]
+import numpy as np
+import test_kernels as T
+from hipmla import kernels
+arch, kv_format, q_precision, lib = sys.argv[1:5]
+fn = ctypes.CDLL(lib).hipmla_host_launch
+fn.argtypes = [T.DecodeParams, ctypes.c_int, ctypes.c_int]
+spec = kernels.fast_split_kernel(arch, kv_format, q_precision) if q_precision != "portable" else None
+q, kv, layout = T._case(kv_format, "e4m3fnuz" if arch == "gfx942" else "e4m3fn", seed=3)
+out, lse, counters = T.run_on_host(lambda s, a: fn, q, kv, layout, T.POLICY, 1 / 24,
+                                   "bf16" if spec is None else q_precision, arch, spec=spec)
+assert np.isfinite(out).all() and (counters == 0).all()
+print("ran")
+"""
+
+
+@pytest.mark.parametrize("arch, kv_format, q_precision", [
+    ("gfx950", "mxfp4", "bf16"), ("gfx942", "fp8", "bf16"), ("gfx950", "mxfp4", "portable")])
+def test_kernels_on_cpu_have_no_data_race(tmp_path, arch, kv_format, q_precision):
+    """ThreadSanitizer over a whole kernel on the CPU harness: a missing block_sync or
+    wave_sync (a lane reading shared memory another thread is still writing, or the merge
+    overwriting Q while a wave still reads it) is a race report, even where the numbers
+    happen to come out right."""
+    runtime_lib = _tsan_runtime()
+    if runtime_lib is None:
+        pytest.skip("clang++-22 with its ThreadSanitizer runtime is not installed")
+    spec = (kernels.fast_split_kernel(arch, kv_format, q_precision) if q_precision != "portable"
+            else split_kernel(kv_format, "bf16"))
+    src = tmp_path / "k.cpp"
+    src.write_text(host_source(spec.source, arch))
+    lib = tmp_path / "k.so"
+    subprocess.run([CLANG, "-std=c++20", "-O1", "-g", "-shared", "-fPIC", "-pthread", "-fsanitize=thread",
+                    "-shared-libsan", *spec.options(arch), f"-DHIPMLA_HOST_KERNEL={spec.symbol}", str(src),
+                    "-o", str(lib)], check=True, capture_output=True, text=True)
+    here = Path(__file__).resolve().parent
+    child = TSAN_CHILD.format(tests=str(here), root=str(here.parent))
+    env = {**os.environ, "LD_PRELOAD": runtime_lib, "TSAN_OPTIONS": "halt_on_error=0 exitcode=66"}
+    proc = subprocess.run([sys.executable, "-c", child, arch, kv_format, q_precision, str(lib)],
+                          capture_output=True, text=True, env=env, timeout=600)
+    assert "WARNING: ThreadSanitizer" not in proc.stderr, proc.stderr[-4000:]
+    assert proc.returncode == 0 and "ran" in proc.stdout, proc.stderr[-4000:]
 
 
 @dataclass

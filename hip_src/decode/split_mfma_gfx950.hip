@@ -547,11 +547,12 @@ HIPMLA_KERNEL(hipmla::fast950::THREADS) void HIPMLA_FAST_NAME(const MlaDecodePar
         block_sync();
     }
 
-    // Wave w writes value group w: lane (h, g) holds columns 128 w + 32 g + 8 j + n.
-    if (slot >= 0 && lane < HEADS) {
+    // Wave 0 writes m, l or the LSE (every wave holds the same values); wave w writes value
+    // group w: lane (h, g) holds columns 128 w + 32 g + 8 j + n.
+    if (slot >= 0 && lane < HEADS && w == 0) {
         p.part_ml[(slot * HEADS + h) * 2] = big_m;
         p.part_ml[(slot * HEADS + h) * 2 + 1] = big_l;
-    } else if (slot < 0 && lane < HEADS && p.lse != nullptr) {
+    } else if (slot < 0 && lane < HEADS && w == 0 && p.lse != nullptr) {
         p.lse[(long long)row * HEADS + h] = big_l <= 0.0f ? f32_from_bits(0xff800000u) : (big_m + log2_f32(big_l)) * 0.6931471805599453f;
     }
 #pragma unroll

@@ -693,18 +693,16 @@ static hipError_t allow_dynamic_shared(CUfunction function, unsigned bytes) {
     return status;
 }
 
-static void forget_shared_grants(void) {
-    pthread_mutex_lock(&grants_lock);
-    memset(shared_grants, 0, sizeof(shared_grants));
-    pthread_mutex_unlock(&grants_lock);
-}
-
 EXPORT hipError_t hipModuleUnload(hipModule_t module) {
     if (module == NULL) return record(hipErrorInvalidHandle);
     hipError_t status = ready();
     if (status != hipSuccess) return status;
-    forget_shared_grants();
-    return check(cu.cuModuleUnload((CUmodule)module));
+    /* Under the lock, so no launch records a grant between the unload and the reset. */
+    pthread_mutex_lock(&grants_lock);
+    status = check(cu.cuModuleUnload((CUmodule)module));
+    memset(shared_grants, 0, sizeof(shared_grants));
+    pthread_mutex_unlock(&grants_lock);
+    return status;
 }
 
 EXPORT hipError_t hipModuleGetFunction(hipFunction_t *function, hipModule_t module,
