@@ -11,18 +11,16 @@
 // exactly as there. Async copies land when issued, so a missing wait goes unnoticed.
 //
 // Cross-lane instructions (MFMA, ds_bpermute, readfirstlane) are a rendezvous of the 64
-// threads of a wave: each deposits its operands, all wait, each computes its own result
-// from everyone's operands, all wait again (so no lane overwrites a slot still being read).
+// threads of a wave (tests/host_lanes.h).
 // MFMA products are exact in double and summed in double, then rounded once to f32: the
 // hardware's internal order is not documented, and the kernels' bound against the
 // emulator is the test.
 #pragma once
 
-#include <barrier>
 #include <cmath>
-#include <cstdio>
-#include <cstdlib>
 #include <cstring>
+
+#include "host_lanes.h"
 
 #if !defined(__gfx950__) && !defined(__gfx942__)
 #error "tests/host_cdna.h: define __gfx950__ or __gfx942__ (the arch the kernel is built for)"
@@ -31,42 +29,17 @@
 namespace hipmla_cdna {
 
 constexpr int WAVE = 64;
-constexpr int SLOT_BYTES = 80;  // the largest operand set: two 32-byte MFMA operands + scales
+using hipmla_lanes::bf16_rne;
+using hipmla_lanes::bf16_value;
 
-struct Wave {
-    std::barrier<> bar{WAVE};
-    alignas(16) unsigned char slot[WAVE][SLOT_BYTES];
-};
+inline int lane() { return hipmla_lanes::lane<WAVE>(); }
 
-inline Wave waves[1024 / WAVE];  // a block of up to 1024 threads; reused block after block
-
-inline int lane() { return int(hipmla::host_thread % WAVE); }
-
-// f(peer) with peer(l) = lane l's `mine`, for every lane of this thread's wave.
 template <class T, class F>
 auto exchange(const T& mine, F&& f) {
-    static_assert(sizeof(T) <= SLOT_BYTES, "operands larger than a slot");
-    Wave& w = waves[hipmla::host_thread / WAVE];
-    std::memcpy(w.slot[lane()], &mine, sizeof(T));
-    w.bar.arrive_and_wait();
-    auto peer = [&w](int l) {
-        T t;
-        std::memcpy(&t, w.slot[l], sizeof(T));
-        return t;
-    };
-    auto result = f(peer);
-    w.bar.arrive_and_wait();
-    return result;
+    return hipmla_lanes::exchange<WAVE>(mine, f);
 }
 
-[[noreturn]] inline void unsupported(const char* what) {
-    std::fprintf(stderr, "tests/host_cdna.h: %s is not emulated\n", what);
-    std::abort();
-}
-
-inline void wave_barrier() {
-    exchange(0, [](auto) { return 0; });
-}
+[[noreturn]] inline void unsupported(const char* what) { hipmla_lanes::unsupported("tests/host_cdna.h", what); }
 
 // ---------------------------------------------------------------------------- element values
 
@@ -93,14 +66,6 @@ inline double e4m3fnuz_value(unsigned b) {
 
 inline double e8m0_value(unsigned s) { return s == 255u ? NAN : std::ldexp(1.0, int(s) - 127); }
 
-inline double bf16_value(unsigned h) { return double(__builtin_bit_cast(float, (h & 0xffffu) << 16)); }
-
-// f32 -> bf16 bits, round to nearest even (NaN stays a quiet NaN).
-inline unsigned bf16_rne(float x) {
-    const unsigned u = __builtin_bit_cast(unsigned, x);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return ((u >> 16) | 0x40u) & 0xffffu;
-    return ((u + 0x7fffu + ((u >> 16) & 1u)) >> 16) & 0xffffu;
-}
 
 // ---------------------------------------------------------------------------- cross-lane
 
@@ -241,7 +206,7 @@ inline void global_load_lds(const void* src, void* lds_base, int size, int offse
 
 namespace hipmla {
 // platform.h's wave_sync: the 64 threads of the wave meet (hardware lanes are in lockstep).
-inline void wave_sync() { hipmla_cdna::wave_barrier(); }
+inline void wave_sync() { hipmla_lanes::meet<hipmla_cdna::WAVE>(); }
 }  // namespace hipmla
 
 #define __builtin_amdgcn_ds_bpermute(address, data) ::hipmla_cdna::ds_bpermute(address, data)

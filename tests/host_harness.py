@@ -56,16 +56,24 @@ extern "C" void hipmla_host_launch(MlaDecodeParams p, int grid, int threads) {
 """
 
 
+def _header(name: str) -> str:
+    """A harness header under tests/, with the harness headers it includes inlined."""
+    from pathlib import Path
+
+    text = (Path(__file__).with_name(name)).read_text()
+    return text.replace('#include "host_lanes.h"\n', (Path(__file__).with_name("host_lanes.h")).read_text())
+
+
 def host_source(source: str, arch: str) -> str:
     """The whole C++ file that runs kernel ``source`` (under hip_src) on the CPU for
     ``arch``: the prelude, for the CDNA fast kernels also their wave64 instructions
-    (tests/host_cdna.h, with the arch's macro defined), the kernel, the launcher."""
-    from pathlib import Path
-
-    from hipmla.kernels import FAST_SOURCES, translation_unit
+    (tests/host_cdna.h, with the arch's macro defined) and for the sm_90 kernel its warp
+    instructions (tests/host_sm90.h), the kernel, the launcher."""
+    from hipmla.kernels import FAST_SOURCES, SM90_SOURCE, translation_unit
 
     prelude = HOST_PRELUDE
     if source in FAST_SOURCES.values():
-        cdna = (Path(__file__).with_name("host_cdna.h")).read_text()
-        prelude += f"#define __{arch}__ 1\n" + cdna
+        prelude += f"#define __{arch}__ 1\n" + _header("host_cdna.h")
+    elif source == SM90_SOURCE:
+        prelude += _header("host_sm90.h")
     return prelude + translation_unit(source) + HOST_LAUNCH

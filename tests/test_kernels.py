@@ -25,7 +25,7 @@ import numpy as np
 import pytest
 
 from hipmla import kernels
-from hipmla.emulate import FAST_SCHEDULES, emulate_decode
+from hipmla.emulate import FAST_SCHEDULES, SM90_TILE_TOKENS, emulate_decode
 from hipmla.formats import KVCache, quantize_kv
 from hipmla.inputs import random_cache
 from hipmla.kernels import (
@@ -560,6 +560,32 @@ def test_fast_kernels_on_cpu_paged_is_bit_identical_to_contiguous(host_kernels, 
     assert (counters == 0).all() and np.isfinite(out_p).all()
 
 
+@pytest.mark.parametrize("kv_format", kernels.KV_FORMATS)
+def test_sm90_kernel_on_cpu_matches_emulator(host_kernels, kv_format):
+    """The sm_90 tensor-core kernel, whole, on the CPU (tests/host_sm90.h: its warp
+    instructions in the PTX ISA's fragment layouts); its numerics are the emulator's with
+    32-token softmax tiles. On every CI machine, not only the H200 (tests/test_sm90.py)."""
+    q, kv, layout = _case(kv_format, "e4m3fn", seed=len(kv_format) + 11)
+    errors = np.zeros(1, np.int32)
+    out, lse, counters = run_on_host(host_kernels, q, kv, layout, POLICY, 1 / 24, "bf16", "sm_90", errors,
+                                     spec=kernels.sm90_split_kernel(kv_format))
+    emu_out, emu_lse = emulate_decode(q, kv, layout, 1 / 24, POLICY, tile_tokens=SM90_TILE_TOKENS)
+    assert errors[0] == 0 and (counters == 0).all()
+    assert_matches_emulator(out, lse, emu_out.astype(np.float32), emu_lse)
+
+
+def test_sm90_kernel_on_cpu_paged_is_bit_identical_to_contiguous(host_kernels):
+    q, kv, contiguous = _case("mxfp4", "e4m3fn", seed=21)
+    paged = random_page_table(LENS, 16, np.random.default_rng(22), spare_pages=3)
+    spec = kernels.sm90_split_kernel("mxfp4")
+    out_c, lse_c, _ = run_on_host(host_kernels, q, kv, contiguous, POLICY, 1 / 24, "bf16", "sm_90", spec=spec)
+    out_p, lse_p, counters = run_on_host(host_kernels, q, scatter(kv, paged), paged, POLICY, 1 / 24, "bf16", "sm_90",
+                                         spec=spec)
+    assert np.array_equal(out_c.view(np.uint32), out_p.view(np.uint32))
+    assert np.array_equal(lse_c.view(np.uint32), lse_p.view(np.uint32))
+    assert (counters == 0).all() and np.isfinite(out_p).all()
+
+
 def _tsan_runtime() -> str | None:
     """clang-22's ThreadSanitizer runtime, to preload into a child Python."""
     if CLANG is None:
@@ -575,21 +601,27 @@ sys.path[:0] = [{tests!r}, {root!r}]
 import numpy as np
 import test_kernels as T
 from hipmla import kernels
-arch, kv_format, q_precision, lib = sys.argv[1:5]
+arch, kv_format, q_precision, symbol, lib = sys.argv[1:6]
 fn = ctypes.CDLL(lib).hipmla_host_launch
 fn.argtypes = [T.DecodeParams, ctypes.c_int, ctypes.c_int]
-spec = kernels.fast_split_kernel(arch, kv_format, q_precision) if q_precision != "portable" else None
+spec = next(s for s in T.HOST_SPECS if s.symbol == symbol)
 q, kv, layout = T._case(kv_format, "e4m3fnuz" if arch == "gfx942" else "e4m3fn", seed=3)
-out, lse, counters = T.run_on_host(lambda s, a: fn, q, kv, layout, T.POLICY, 1 / 24,
-                                   "bf16" if spec is None else q_precision, arch, spec=spec)
+out, lse, counters = T.run_on_host(lambda s, a: fn, q, kv, layout, T.POLICY, 1 / 24, q_precision, arch, spec=spec)
 assert np.isfinite(out).all() and (counters == 0).all()
 print("ran")
 """
 
 
-@pytest.mark.parametrize("arch, kv_format, q_precision", [
-    ("gfx950", "mxfp4", "bf16"), ("gfx942", "fp8", "bf16"), ("gfx950", "mxfp4", "portable")])
-def test_kernels_on_cpu_have_no_data_race(tmp_path, arch, kv_format, q_precision):
+#: Every kernel the CPU harness runs: the portable ones, the CDNA fast ones, sm_90's.
+HOST_SPECS = (all_kernels() + FAST_950 + FAST_942 + [kernels.sm90_split_kernel(kv) for kv in kernels.KV_FORMATS])
+
+
+@pytest.mark.parametrize("arch, spec", [
+    ("gfx950", kernels.fast_split_kernel("gfx950", "mxfp4", "bf16")),
+    ("gfx942", kernels.fast_split_kernel("gfx942", "fp8", "bf16")),
+    ("gfx950", split_kernel("mxfp4", "bf16")),
+    ("sm_90", kernels.sm90_split_kernel("mxfp4"))], ids=lambda x: getattr(x, "symbol", x))
+def test_kernels_on_cpu_have_no_data_race(tmp_path, arch, spec):
     """ThreadSanitizer over a whole kernel on the CPU harness: a missing block_sync or
     wave_sync (a lane reading shared memory another thread is still writing, or the merge
     overwriting Q while a wave still reads it) is a race report, even where the numbers
@@ -597,8 +629,7 @@ def test_kernels_on_cpu_have_no_data_race(tmp_path, arch, kv_format, q_precision
     runtime_lib = _tsan_runtime()
     if runtime_lib is None:
         pytest.skip("clang++-22 with its ThreadSanitizer runtime is not installed")
-    spec = (kernels.fast_split_kernel(arch, kv_format, q_precision) if q_precision != "portable"
-            else split_kernel(kv_format, "bf16"))
+    kv_format, q_precision = kernels.variant_of(spec)
     src = tmp_path / "k.cpp"
     src.write_text(host_source(spec.source, arch))
     lib = tmp_path / "k.so"
@@ -608,7 +639,7 @@ def test_kernels_on_cpu_have_no_data_race(tmp_path, arch, kv_format, q_precision
     here = Path(__file__).resolve().parent
     child = TSAN_CHILD.format(tests=str(here), root=str(here.parent))
     env = {**os.environ, "LD_PRELOAD": runtime_lib, "TSAN_OPTIONS": "halt_on_error=0 exitcode=66"}
-    proc = subprocess.run([sys.executable, "-c", child, arch, kv_format, q_precision, str(lib)],
+    proc = subprocess.run([sys.executable, "-c", child, arch, kv_format, q_precision, spec.symbol, str(lib)],
                           capture_output=True, text=True, env=env, timeout=600)
     assert "WARNING: ThreadSanitizer" not in proc.stderr, proc.stderr[-4000:]
     assert proc.returncode == 0 and "ran" in proc.stdout, proc.stderr[-4000:]

@@ -19,13 +19,16 @@
 
 #include "common/platform.h"
 
-#if !defined(__CUDACC__)
+#if !defined(__CUDACC__) && !defined(HIPMLA_HOST_PLATFORM)
 #error "arch/sm90.h is for NVRTC / nvcc builds for sm_90 only"
 #endif
 
 namespace hipmla {
 namespace sm90 {
 
+// The CPU harness (tests/host_sm90.h) defines WARP and every instruction helper below
+// that is inline PTX or a warp intrinsic; what is built from them is shared.
+#if !defined(HIPMLA_HOST_PLATFORM)
 constexpr int WARP = 32;
 
 // ------------------------------------------------------------------------------ tensor cores
@@ -70,9 +73,12 @@ HIPMLA_DEVICE unsigned fma_bf16x2(unsigned a, unsigned b, unsigned c) {
     return d;
 }
 
+#endif  // !HIPMLA_HOST_PLATFORM
+
 // Exact products by a power of two: a * b + (-0), so the sign of a zero survives.
 HIPMLA_DEVICE unsigned mul_bf16x2(unsigned a, unsigned b) { return fma_bf16x2(a, b, 0x80008000u); }
 
+#if !defined(HIPMLA_HOST_PLATFORM)
 // (a & m) | (b & ~m) in one instruction (PTX ISA 9.7.8.6 "lop3", LUT 0xE4 for operands
 // a, b, m). Inline PTX keeps the compiler from re-associating it with the shifts that
 // feed it (it would mask b separately, one more instruction per word).
@@ -105,6 +111,8 @@ HIPMLA_DEVICE float exp2_approx(float x) {
     asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(d) : "f"(x));
     return d;
 }
+
+#endif  // !HIPMLA_HOST_PLATFORM
 
 // ------------------------------------------------------------------------------ dequantization
 
@@ -145,6 +153,7 @@ HIPMLA_DEVICE void e4m3x4_to_bf16x2_scaled_down(unsigned q, unsigned (&w)[2]) {
 }
 
 // ------------------------------------------------------------------------------ async copies
+#if !defined(HIPMLA_HOST_PLATFORM)
 
 // 32-bit shared-state-space address of a generic pointer into shared memory.
 HIPMLA_DEVICE unsigned smem_address(const void* p) { return unsigned(__cvta_generic_to_shared(p)); }
@@ -178,6 +187,7 @@ HIPMLA_DEVICE float warp_xor_max(float v, int lane_mask) {
 }
 HIPMLA_DEVICE float warp_xor_sum(float v, int lane_mask) { return v + __shfl_xor_sync(0xffffffffu, v, lane_mask); }
 HIPMLA_DEVICE bool warp_all(bool v) { return __all_sync(0xffffffffu, v) != 0; }
+#endif  // !HIPMLA_HOST_PLATFORM
 
 }  // namespace sm90
 }  // namespace hipmla

@@ -13,6 +13,7 @@
 //   HIPMLA_Q_PRECISION  0 (bf16 Q: the bf16 tensor-core product takes it as it is)
 //   HIPMLA_FP8_FNUZ     0 (NVIDIA fp8 is e4m3fn)
 // Test only: HIPMLA_SELFTEST_BREAK scales the output by 1.5 (hipmla.selftest.broken).
+// The CPU harness runs it too (tests/host_sm90.h defines arch/sm90.h's PTX helpers).
 //
 // Block = 8 warps, 256 threads. Tile = 32 tokens (4 n-tiles of 8). The warps split the
 // DIMENSIONS, not the tokens: warp w owns latent columns [64w, 64w + 64) (4 k16-steps of

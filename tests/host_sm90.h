@@ -1,0 +1,164 @@
+// The warp instructions of the sm_90 tensor-core kernel (hip_src/arch/sm90.h), emulated
+// on the CPU so that tests/test_kernels.py runs hip_src/decode/split_sm90.hip, whole and
+// unchanged, on the host harness (one host thread per GPU thread, 32-lane warps).
+//
+// What this proves and what it cannot: everything around the instructions (schedule,
+// paged rows, the copy ring, the dequantization by bit placement, the cross-warp score
+// exchange, online softmax, P.V through movmatrix, the merge, the output) runs as written,
+// with the fragment layouts of the PTX ISA that sm90.h cites. The kernel runs on the H200
+// too (tests/test_sm90.py), which checks those layouts for real; this runs on every CI
+// machine. cp.async lands when issued (a missing wait goes unnoticed); ex2.approx is exact
+// exp2 here (the device's is within 2 ulp), flushed below 2^-126 as .ftz does.
+#pragma once
+
+#include <cmath>
+#include <cstring>
+
+#include "host_lanes.h"
+
+namespace hipmla {
+namespace sm90 {
+
+constexpr int WARP = 32;
+constexpr int HOST_SMEM_BYTES = 224 * 1024;  // what an sm_90 block may opt in to
+
+}  // namespace sm90
+}  // namespace hipmla
+
+// The kernel's `extern __shared__` array (C linkage: it is declared inside an extern "C"
+// function).
+extern "C" {
+alignas(16) unsigned char hipmla_sm90_smem[hipmla::sm90::HOST_SMEM_BYTES];
+}
+
+#define __global__
+#define __launch_bounds__(...)
+#define __shared__
+#define __align__(n) __attribute__((aligned(n)))
+
+inline void __trap() { hipmla_lanes::unsupported("tests/host_sm90.h", "a trap (the kernel asked to stop)"); }
+
+// PRMT in CUDA's __byte_perm form: result byte i = byte (s >> 4 i) & 7 of {y (4-7), x (0-3)}.
+inline unsigned __byte_perm(unsigned x, unsigned y, unsigned s) {
+    const unsigned long long both = (static_cast<unsigned long long>(y) << 32) | x;
+    unsigned d = 0;
+    for (int i = 0; i < 4; ++i) d |= unsigned((both >> (8 * ((s >> (4 * i)) & 7u))) & 0xffu) << (8 * i);
+    return d;
+}
+
+namespace hipmla {
+namespace sm90 {
+
+inline int lane() { return hipmla_lanes::lane<WARP>(); }
+
+template <class T, class F>
+auto exchange(const T& mine, F&& f) {
+    return hipmla_lanes::exchange<WARP>(mine, f);
+}
+
+// mma.sync m16n8kK (K = 16 or 8), row.col, bf16 in, f32 accumulate (PTX ISA 9.7.14.5.8):
+// lane 4 g + t; A regs (row g | g + 8, cols 2t.. | 2t + 8..), B regs (rows 2t.. | 2t + 8..,
+// col g), D (row g | g + 8, cols 2t, 2t + 1). Exact products summed in double, rounded once.
+struct MmaIn {
+    unsigned a[4], b[2];
+};
+
+template <int K>
+inline void mma(float (&d)[4], const MmaIn& mine) {
+    auto r = exchange(mine, [&](auto peer) {
+        MmaIn all[WARP];
+        for (int l = 0; l < WARP; ++l) all[l] = peer(l);
+        // A(row, k): lane 4 (row % 8) + (k % 8) / 2, reg (row / 8) + 2 (k / 8), half k % 2.
+        auto a = [&](int row, int k) {
+            const unsigned w = all[4 * (row % 8) + (k % 8) / 2].a[(row / 8) + 2 * (k / 8)];
+            return hipmla_lanes::bf16_value(w >> (16 * (k % 2)));
+        };
+        // B(k, col): lane 4 col + (k % 8) / 2, reg k / 8, half k % 2.
+        auto b = [&](int k, int col) {
+            const unsigned w = all[4 * col + (k % 8) / 2].b[k / 8];
+            return hipmla_lanes::bf16_value(w >> (16 * (k % 2)));
+        };
+        const int l = lane(), g = l / 4, t = l % 4;
+        struct Out { float v[4]; } out;
+        for (int e = 0; e < 4; ++e) {
+            const int row = g + 8 * (e / 2), col = 2 * t + e % 2;
+            double sum = 0.0;
+            for (int k = 0; k < K; ++k) sum += a(row, k) * b(k, col);
+            out.v[e] = float(double(d[e]) + sum);
+        }
+        return out;
+    });
+    for (int e = 0; e < 4; ++e) d[e] = r.v[e];
+}
+
+inline void mma_bf16_16816(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+    mma<16>(d, MmaIn{{a[0], a[1], a[2], a[3]}, {b0, b1}});
+}
+
+inline void mma_bf16_1688(float (&d)[4], unsigned a0, unsigned a1, unsigned b0) {
+    mma<8>(d, MmaIn{{a0, a1, 0u, 0u}, {b0, 0u}});
+}
+
+// movmatrix.sync.m8n8.trans.b16: lane (g, t) receives elements (2t, g) and (2t + 1, g).
+inline unsigned movmatrix_trans(unsigned x) {
+    return exchange(x, [](auto peer) {
+        const int l = lane(), g = l / 4, t = l % 4;
+        auto elem = [&](int row, int col) { return (peer(4 * row + col / 2) >> (16 * (col % 2))) & 0xffffu; };
+        return elem(2 * t, g) | (elem(2 * t + 1, g) << 16);
+    });
+}
+
+// fma.rn.bf16x2 as the kernel uses it (products by powers of two, exact): fmaf, then RNE.
+inline unsigned fma_bf16x2(unsigned a, unsigned b, unsigned c) {
+    unsigned d = 0;
+    for (int h = 0; h < 2; ++h) {
+        const float r = std::fmaf(float(hipmla_lanes::bf16_value(a >> (16 * h))),
+                                  float(hipmla_lanes::bf16_value(b >> (16 * h))),
+                                  float(hipmla_lanes::bf16_value(c >> (16 * h))));
+        d |= hipmla_lanes::bf16_rne(r) << (16 * h);
+    }
+    return d;
+}
+
+inline unsigned select_bits(unsigned m, unsigned a, unsigned b) { return (a & m) | (b & ~m); }
+inline unsigned and_bits(unsigned a, unsigned m) { return a & m; }
+inline unsigned pack_bf16x2_rn(float lo, float hi) { return hipmla_lanes::bf16_rne(lo) | (hipmla_lanes::bf16_rne(hi) << 16); }
+
+inline float exp2_approx(float x) {
+    const float r = std::exp2(x);
+    return r < 0x1p-126f ? 0.0f : r;
+}
+
+// Shared memory is one array here; an "address" is the offset into it.
+inline unsigned smem_address(const void* p) {
+    return unsigned(static_cast<const unsigned char*>(p) - hipmla_sm90_smem);
+}
+
+inline void cp_async_16(unsigned dst, const void* src, unsigned src_bytes) {
+    if (src_bytes == 16u) std::memcpy(hipmla_sm90_smem + dst, src, 16);
+    else if (src_bytes == 0u) std::memset(hipmla_sm90_smem + dst, 0, 16);
+    else hipmla_lanes::unsupported("tests/host_sm90.h", "a partial cp.async");
+}
+inline void cp_async_commit() {}
+template <int N>
+inline void cp_async_wait() {}
+
+inline unsigned dynamic_smem_size() { return HOST_SMEM_BYTES; }
+
+inline float warp_xor_max(float v, int lane_mask) {
+    const float o = exchange(v, [lane_mask](auto peer) { return peer(lane() ^ lane_mask); });
+    return o > v ? o : v;
+}
+inline float warp_xor_sum(float v, int lane_mask) {
+    return v + exchange(v, [lane_mask](auto peer) { return peer(lane() ^ lane_mask); });
+}
+inline bool warp_all(bool v) {
+    return exchange(v, [](auto peer) {
+        bool all = true;
+        for (int l = 0; l < WARP; ++l) all = all && peer(l);
+        return all;
+    });
+}
+
+}  // namespace sm90
+}  // namespace hipmla
