@@ -170,17 +170,22 @@ def host_overhead_us(fn, calls: int = 300, args=None, rounds: int = HOST_ROUNDS)
     return min(medians)
 
 
-def host_reference_us(calls: int = 300, rounds: int = HOST_ROUNDS) -> float:
-    """:func:`host_overhead_us` of a ctypes call of a C function that does nothing, with
-    a launch's 11 arguments: what the CPU charges for the floor of any launch from Python.
-    The H200 machine's CPU runs it in 1.0 us at times and 2.2 us at others, and every host
-    figure moves with it; the bench prints it beside them."""
+def c_noop_launch():
+    """A ctypes call of a C function that does nothing, with a launch's 11 ready-made
+    arguments: the floor of any launch from Python, for comparison with the real one."""
     noop = ctypes.CDLL(None).labs  # C labs: reads its first argument, ignores the rest
     noop.restype = ctypes.c_long
     u = ctypes.c_uint
     args = (ctypes.c_void_p(0), u(1), u(1), u(1), u(256), u(1), u(1), u(0), ctypes.c_void_p(0), None,
             ctypes.c_void_p(0))
-    return host_overhead_us(lambda: noop(*args), calls, rounds=rounds)
+    return lambda: noop(*args)
+
+
+def host_reference_us(calls: int = 300, rounds: int = HOST_ROUNDS) -> float:
+    """:func:`host_overhead_us` of :func:`c_noop_launch`. The H200 machine's CPU runs it
+    in 1.0 us at times and 2.2 us at others, and every host figure moves with it; the
+    bench prints it beside them."""
+    return host_overhead_us(c_noop_launch(), calls, rounds=rounds)
 
 
 def host_figures(dec: Decoder, bufs: dict, extra: dict, views: list[dict], calls: int = 300,

@@ -11,7 +11,6 @@ with the GPU kept busy (launches queue behind running kernels, as in serving) an
 from __future__ import annotations
 
 import argparse
-import ctypes
 import statistics
 import sys
 import time
@@ -23,6 +22,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from hipmla import runtime  # noqa: E402
+from hipmla.bench import c_noop_launch  # noqa: E402
 from hipmla.decode import Decoder  # noqa: E402
 from hipmla.inputs import random_cache  # noqa: E402
 from hipmla.paging import KvLayout  # noqa: E402
@@ -52,11 +52,7 @@ def main(argv: list[str]) -> int:
     b, n = int(b), int(n.replace("k", "")) * (1024 if n.endswith("k") else 1)
     lens = np.full(b, n)
     rng = np.random.default_rng(0)
-    noop = ctypes.CDLL(None).labs  # a C function that ignores all but its first argument
-    noop.restype = ctypes.c_int
-    u = ctypes.c_uint
-    args = (ctypes.c_void_p(0), u(1), u(1), u(1), u(256), u(1), u(1), u(0), ctypes.c_void_p(0), None,
-            ctypes.c_void_p(0))
+    c_noop = c_noop_launch()
     print(f"host us per call, {a.shape}, median of {a.calls}: busy GPU (sync every 50) / idle GPU (sync each)")
     print(f"{'format':>6} {'run':>12} {'launch':>12} {'C no-op':>12}")
     for fmt in a.formats.split(","):
@@ -77,10 +73,6 @@ def main(argv: list[str]) -> int:
         run()
         runtime.synchronize()
         launch = dec._launch
-
-        def c_noop():
-            noop(*args)
-
         figures = [(median_us(f, a.calls, False), median_us(f, a.calls, True)) for f in (run, launch, c_noop)]
         print(f"{fmt:>6} " + " ".join(f"{busy:5.1f} /{idle:5.1f}" for busy, idle in figures), flush=True)
         if a.after_torch:
