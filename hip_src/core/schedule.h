@@ -34,7 +34,7 @@
 // Sum over s of k_s rows_s <= total / chunk + sum rows_s <= split_target + t_q head_groups
 // (chunk >= total / split_target), plus as much again with fast_tile: max_items() sizes
 // the grid and the scratch. Cost per block: ceil(b / THREADS) length reads per thread and
-// two block scans.
+// two block scans (three barriers each).
 #pragma once
 
 #include "params.h"
@@ -55,30 +55,47 @@ struct WorkItem {
     int fast;        // whole fast_tile tiles of a valid item: the arch's fast kernel runs it
 };
 
+// Values per first-level group of the block scan: THREADS / SCAN_GROUP group sums.
+constexpr int SCAN_GROUP = 16;
+
 template <int THREADS>
 struct ScheduleSmem {
     long long scan[THREADS];
+    long long group_sum[THREADS / SCAN_GROUP];
     WorkItem item;
     int bad_page;
     int qo_bad;
 };
 
 // Exclusive prefix sum over the block of one value per thread; `total` gets the sum.
+// Two levels through shared memory, three barriers (a log-step scan takes two per step,
+// 18 at 256 threads, and each one waits for the slowest wave): one thread per group of
+// SCAN_GROUP sums its group, then every thread adds the group sums before its own and
+// the values before it in its group (at most 2 SCAN_GROUP loads, mostly broadcasts).
 template <int THREADS>
-HIPMLA_DEVICE long long block_exclusive_scan(long long v, long long* buf, long long& total) {
+HIPMLA_DEVICE long long block_exclusive_scan(long long v, ScheduleSmem<THREADS>& sm, long long& total) {
+    static_assert(THREADS % SCAN_GROUP == 0, "whole scan groups");
+    constexpr int GROUPS = THREADS / SCAN_GROUP;
     const int tid = int(thread_index());
-    buf[tid] = v;
+    sm.scan[tid] = v;
     block_sync();
-    for (int d = 1; d < THREADS; d *= 2) {
-        const long long add = tid >= d ? buf[tid - d] : 0;
-        block_sync();
-        buf[tid] += add;
-        block_sync();
+    if (tid < GROUPS) {
+        long long sum = 0;
+        for (int i = 0; i < SCAN_GROUP; ++i) sum += sm.scan[SCAN_GROUP * tid + i];
+        sm.group_sum[tid] = sum;
     }
-    total = buf[THREADS - 1];
-    const long long inclusive = buf[tid];
     block_sync();
-    return inclusive - v;
+    const int group = tid / SCAN_GROUP;
+    long long before = 0, all = 0;
+    for (int k = 0; k < GROUPS; ++k) {
+        const long long sum = sm.group_sum[k];
+        all += sum;
+        before += k < group ? sum : 0;
+    }
+    for (int i = SCAN_GROUP * group; i < tid; ++i) before += sm.scan[i];
+    total = all;
+    block_sync();  // sm is free for the next scan
+    return before;
 }
 
 // Items of a sequence of `len` tokens, and the token range of its item k.
@@ -87,7 +104,10 @@ struct SeqSplit {
     int align, fast_tile;
 
     HIPMLA_DEVICE int base_items(int len) const {
-        const long long n = (len + chunk - 1) / chunk;
+        // 0 <= len and 1 <= chunk <= INT32_MAX (schedule_item clamps it: a chunk of at least
+        // len_s is one item either way), so the sum fits 32 bits unsigned: every thread runs
+        // this for its sequences, and a 32-bit division is a fraction of a 64-bit one.
+        const unsigned n = (unsigned(len) + unsigned(chunk) - 1u) / unsigned(chunk);
         return n > 1 ? int(n) : 1;
     }
     HIPMLA_DEVICE bool tail_item(int len) const {
@@ -137,12 +157,12 @@ HIPMLA_DEVICE WorkItem schedule_item(const MlaDecodeParams& p, int block, Schedu
         mine += (long long)seq_extent(p, s).tokens * qy.n * groups;
     }
     long long total = 0;
-    block_exclusive_scan<THREADS>(mine, sm.scan, total);
+    block_exclusive_scan<THREADS>(mine, sm, total);
 
     long long chunk = (total + p.split_target - 1) / p.split_target;
     chunk = chunk > p.split_min_tokens ? chunk : p.split_min_tokens;
     chunk = (chunk + p.split_align - 1) / p.split_align * p.split_align;
-    const SeqSplit split{chunk, p.split_align, p.fast_tile};
+    const SeqSplit split{chunk < 0x7fffffffLL ? chunk : 0x7fffffffLL, p.split_align, p.fast_tile};
 
     long long count = 0;
     for (int s = s0; s < s1; ++s) count += (long long)split.items(seq_extent(p, s).tokens) * seq_query(p, s).n * groups;
@@ -154,7 +174,7 @@ HIPMLA_DEVICE WorkItem schedule_item(const MlaDecodeParams& p, int block, Schedu
                     (p.qo_indptr[0] != 0 || (p.q_tokens > 0 && p.qo_indptr[p.batch] != p.q_tokens));
     }
     long long n_all = 0;
-    long long first = block_exclusive_scan<THREADS>(count, sm.scan, n_all);
+    long long first = block_exclusive_scan<THREADS>(count, sm, n_all);
     if (qo_bad) atomic_or_block(&sm.qo_bad, 1);  // after the scan's syncs: thread 0 set it first
     if (block >= first && block < first + count) {
         for (int s = s0; s < s1; ++s) {
