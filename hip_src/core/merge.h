@@ -51,8 +51,22 @@ HIPMLA_DEVICE void merge_partials(const MlaDecodeParams& p, const WorkItem& it) 
     const int ds = it.slot_stride;
     const float neg_inf = f32_from_bits(0xff800000u);
 
-    // The slot loops are unrolled so several slots' loads are in flight at once: a merge
-    // is otherwise a chain of L2 round trips, one per slot.
+    // A merge is otherwise a chain of L2 round trips: the first two slots' partials are
+    // loaded beside the m pass (they do not depend on its max), so a merge of two slots is
+    // one round trip; the later slots' loops are unrolled to keep several slots in flight.
+    const bool second = s0 + ds < s1;  // a merge has two slots or more; one is read once
+    f32x4 head_acc[2][STEPS];
+    float head_ml[2][2];
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+        const int s = second ? s0 + j * ds : s0;
+        const float* ml = p.part_ml + ((long long)s * HEADS + h) * 2;
+        head_ml[j][0] = load_coherent(ml);
+        head_ml[j][1] = load_coherent(ml + 1);
+        const f32x4* part = reinterpret_cast<const f32x4*>(p.part_acc + ((long long)s * HEADS + h) * D_V);
+#pragma unroll
+        for (int k = 0; k < STEPS; ++k) head_acc[j][k] = load_coherent(part + i + LANES * k);
+    }
     float big_m = neg_inf;
 #pragma unroll 4
     for (int s = s0; s < s1; s += ds) {
@@ -69,20 +83,28 @@ HIPMLA_DEVICE void merge_partials(const MlaDecodeParams& p, const WorkItem& it) 
         for (int e = 0; e < VEC; ++e) acc[k][e] = 0.0f;
     }
     float big_l = 0.0f;
-#pragma unroll 2
-    for (int s = s0; s < s1; s += ds) {
-        const float* ml = p.part_ml + ((long long)s * HEADS + h) * 2;
-        const float w = exp2_f32(load_coherent(ml) - shift);
-        big_l += w * load_coherent(ml + 1);
-        const f32x4* part = reinterpret_cast<const f32x4*>(p.part_acc + ((long long)s * HEADS + h) * D_V);
+    // Slot by slot in slot order, whichever loads brought them: the same sums either way.
+    auto add_slot = [&](float m, float l, const f32x4* a) {
+        const float w = exp2_f32(m - shift);
+        big_l += w * l;
 #pragma unroll
         for (int k = 0; k < STEPS; ++k) {
-            const f32x4 a = load_coherent(part + i + LANES * k);
-            acc[k][0] += w * a.x;
-            acc[k][1] += w * a.y;
-            acc[k][2] += w * a.z;
-            acc[k][3] += w * a.w;
+            acc[k][0] += w * a[k].x;
+            acc[k][1] += w * a[k].y;
+            acc[k][2] += w * a[k].z;
+            acc[k][3] += w * a[k].w;
         }
+    };
+    add_slot(head_ml[0][0], head_ml[0][1], head_acc[0]);
+    if (second) add_slot(head_ml[1][0], head_ml[1][1], head_acc[1]);
+#pragma unroll 2
+    for (int s = s0 + 2 * ds; s < s1; s += ds) {
+        const float* ml = p.part_ml + ((long long)s * HEADS + h) * 2;
+        const f32x4* part = reinterpret_cast<const f32x4*>(p.part_acc + ((long long)s * HEADS + h) * D_V);
+        f32x4 a[STEPS];
+#pragma unroll
+        for (int k = 0; k < STEPS; ++k) a[k] = load_coherent(part + i + LANES * k);
+        add_slot(load_coherent(ml), load_coherent(ml + 1), a);
     }
 
     const bool zero = big_l <= 0.0f;  // all slots empty; NaN (a bad item's slot) stays NaN
