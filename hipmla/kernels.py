@@ -264,7 +264,7 @@ def sm90_shared_bytes(kv_format: str) -> int:
     stage = -(-(tile * row_stride + mult) // 16) * 16
     red = warps * heads * 40 * 4  # larger than the schedule's scan, which shares it
     pfrag = (tile // 16) * 32 * 4 * 4
-    tail = 3 * heads * 4 + 4  # alpha, m, l, the arrive flag
+    tail = 2 * heads * 4 + 10 * 4 + 4  # alpha, l, the work item (10 ints), the arrive flag
     return -(-(stages * stage + red + pfrag + tail) // 16) * 16
 
 

@@ -37,12 +37,20 @@
 //         O (16 x 64 f32 per warp, 32 per lane) never leaves registers; alpha rescales it
 //         (skipped when every alpha of the tile is 1).
 // Copies: a ring of STAGES tiles (bf16 2, fp8 4, mxfp4 6) filled by cp.async.cg (16 B, with
-// zero fill for rows past the item) one ring ahead; thread (row tid / 8, chunk tid % 8 + 8k)
+// zero fill for rows past the item) one ring ahead: tile + STAGES is issued right after the
+// softmax -> P.V barrier of tile, in the same straight code as tile's P.V (issued at the top
+// of the next tile instead, the two ran one after the other); thread (row tid / 8, chunk tid % 8 + 8k)
 // reads one page-table entry per tile through kv_rows().row(). MXFP4 E8M0 bytes are read
 // with plain loads one ring ahead and stored as bf16x2 multipliers one tile later (a whole
 // tile of math hides their latency; the prologue has all its tiles' bytes in flight at once).
 // Barriers per tile: fp8 / mxfp4 (EARLY_WAIT) 2 -- the wait for tile + 1 sits before the
 // softmax -> P.V barrier, which then also publishes the next stage; bf16 (2 stages) 3.
+// Prologue and epilogue: the row's Q (18 KiB) is read into shared memory in 16-byte loads
+// (in the partial-score exchange, free until the first tile) and the fragments are built
+// from there; O goes back through the ring after the last tile and leaves in 16-byte
+// stores of whole head rows (partial slot, or bf16 output). Read or written from the
+// fragments directly they were 2- and 4-byte accesses a sector each: on the H200 that cost
+// more than the tiles of a short item (see "Measured" below).
 // Dynamic shared memory: sizeof(Smem) = hipmla.kernels.sm90_shared_bytes(kv_format)
 // (the kernel traps if it gets less).
 //
@@ -66,8 +74,8 @@
 // Shared memory is dynamic (the stages do not fit 48 KiB); registers: __launch_bounds__
 // (256, 2) -- two blocks, 16 warps per SM.
 //
-// Budget (nvcc 13.0 / ptxas, sm_90): registers 128 in every format (the cap of 2 blocks per
-// SM), no stack, no spills; dynamic shared memory 96,496 / 95,504 / 90,832 B. Tile loop in
+// Budget (nvcc 13.0 / ptxas, sm_90): registers <= 128 in every format (the cap of 2 blocks
+// per SM), no stack, no spills; dynamic shared memory 96,464 / 95,472 / 90,800 B. Tile loop in
 // SASS, per warp per 32-token tile (the 32-FMUL rescale, usually skipped, included): bf16
 // 294, fp8 440, mxfp4 522 instructions, i.e. x 8 warps / 32 tokens = 74 / 110 / 130 warp-
 // instructions per token, of which 9 HMMA + 8 MOVM; mxfp4's K dequantization (shifts, lop3,
@@ -79,6 +87,17 @@
 // on the math pipes, 0.5 on global loads and 0.45 at barriers. 4 x 1k (~31 us in every
 // format) is a latency chain: one block per item, 13 cycles per issued instruction of a
 // warp (3.1 of them at barriers, 2.4 on shared-memory results), then the merge.
+// Measured on the H200 (2026-12-01, session 4, mxfp4, L2 flushed, us at 64x8k / 256x8k /
+// 4x1k): builds with parts taken out (timing only, results wrong) show where the time
+// goes. Before the Q / O staging: 160 / 540 / 31. No tile loop, no merge: 32 / 56 / 13 --
+// the 2- and 4-byte Q loads and O stores were most of it; with the staging 12.6 / 18.6 /
+// 9.3, of which launch 3, the schedule 5.5 / 6.7 / 4.6 (before its three-barrier scan).
+// The merge adds 6 / 10 / 6 to a full run. In the tile loop, one part out at a time saves:
+// the copies 20 / 78 (they also stop the waiting for memory), P.V 21 / 93, K's bit
+// conversion 10 / 46, movmatrix 10 / 40, Q.K's mma 9 / 31, the 7 other warps' partial
+// scores 6 / 27, the two barriers 14 / 58; all of those out at once 94 / 274, of which the
+// fixed part above is 36 / 61. So no one part dominates: the tile loop is a latency chain
+// of phases between barriers (fp8, with 16% fewer instructions, takes as long as mxfp4).
 #include "params.h"
 #include "common/config.h"
 #include "common/numerics.h"
@@ -159,18 +178,28 @@ struct alignas(16) Stage {
     unsigned mult[MXFP4 ? TILE * SCALES : 4];        // mxfp4: bf16x2 2^(s - 65) per (row, block)
 };
 
+constexpr int OUT_STRIDE = D_V + 4;  // f32 per head row of the output stage: 2-way bank conflicts, 16-byte rows
+
 struct alignas(16) Smem {
-    Stage stage[STAGES];
+    union {
+        Stage stage[STAGES];
+        float out[HEADS][OUT_STRIDE];                 // after the last tile: O, for coalesced stores
+    } ring;
     union {
         float red[WARPS][HEADS][RED_STRIDE];          // partial scores [warp][head][token]
         ScheduleSmem<THREADS> sched;                  // before the first tile
+        unsigned short q[HEADS * D_QK];               // the row's Q, read coalesced, before the first tile
     } x;
     alignas(16) unsigned pfrag[PV_STEPS][WARP][4];    // P in P.V A-operand order
     float alpha[HEADS];
-    float m[HEADS];
     float l[HEADS];
+    WorkItem item;  // read back after the tiles, whose registers it would otherwise hold
     int last;
 };
+// The union members must not grow the ring and the exchange that sm90_shared_bytes counts.
+static_assert(sizeof(float) * HEADS * OUT_STRIDE <= sizeof(Stage) * STAGES, "O's stage fits in the ring");
+static_assert(sizeof(unsigned short) * HEADS * D_QK <= sizeof(float) * WARPS * HEADS * RED_STRIDE,
+              "Q's stage fits in the partial-score exchange");
 
 // bf16 bits of Q[h][d] * 2^QSHIFT (exact unless |q| >= 2^(128 - QSHIFT)).
 HIPMLA_DEVICE unsigned q_scaled(const unsigned short* q, int h, int d) {
@@ -204,18 +233,24 @@ extern "C" __global__ void __launch_bounds__(hipmla::sm90k::THREADS, 2) HIPMLA_S
     report_bad_item(p, it);
     const int n = it.bad ? 0 : it.end - it.begin;
     const int seq = it.seq;  // its kv rows
-    const int row = it.row;  // its q, out and lse: 16 heads of one query token
-    const int slot = it.n_items > 1 ? it.slot : -1;
+    const int row = it.row;  // its q: 16 heads of one query token
+    if (tid == 0) sm.item = it;
     const KvRows rows = kv_rows(p, seq);
     const float neg_inf = f32_from_bits(0xff800000u);
     const int n_tiles = (n + TILE - 1) / TILE;
 
     // Q' as the A operand of the warp's 4 k16-steps (reg 2r + hh: heads g + 8hh, slots
-    // 2t + 8r + e) and of its rope k8-step.
+    // 2t + 8r + e) and of its rope k8-step. The row's 18 KiB of Q go through shared memory
+    // in 16-byte loads: read where the fragments need them, they would be 2-byte loads
+    // touching a sector each (the schedule's scan, which x.sched held, is over).
     unsigned qa[KSTEPS][4];
     unsigned qr[2];
     {
-        const unsigned short* q = static_cast<const unsigned short*>(p.q) + (long long)row * HEADS * D_QK;
+        const u32x4* qg = reinterpret_cast<const u32x4*>(static_cast<const unsigned short*>(p.q) + (long long)row * HEADS * D_QK);
+        u32x4* qs = reinterpret_cast<u32x4*>(sm.x.q);
+        for (int i = tid; i < HEADS * D_QK / 8; i += THREADS) qs[i] = qg[i];
+        block_sync();
+        const unsigned short* q = sm.x.q;
 #pragma unroll
         for (int kk = 0; kk < KSTEPS; ++kk) {
 #pragma unroll
@@ -233,6 +268,7 @@ extern "C" __global__ void __launch_bounds__(hipmla::sm90k::THREADS, 2) HIPMLA_S
             const int d = D_V + ROPE_DIMS * warp + 2 * t;
             qr[hh] = q_scaled(q, g + 8 * hh, d) | (q_scaled(q, g + 8 * hh, d + 1) << 16);
         }
+        block_sync();  // x is the partial-score exchange from here on
     }
 
     // Producer role: row prow of every tile, chunks psub + 8k, E8M0 bytes psub + 8k.
@@ -247,7 +283,7 @@ extern "C" __global__ void __launch_bounds__(hipmla::sm90k::THREADS, 2) HIPMLA_S
             const long long row = valid ? rows.row(it.begin + tok) : 0;
             scale_row = row;
             const unsigned char* src = kv_base + row * ROW_BYTES + 16 * psub;
-            const unsigned dst = smem_address(sm.stage[tile % STAGES].kv + prow * ROW_STRIDE + 16 * psub);
+            const unsigned dst = smem_address(sm.ring.stage[tile % STAGES].kv + prow * ROW_STRIDE + 16 * psub);
             const unsigned bytes = valid ? 16u : 0u;
 #pragma unroll
             for (int c = 0; c < CHUNKS / 8; ++c) cp_async_16(dst + 128 * c, src + 128 * c, bytes);
@@ -269,7 +305,7 @@ extern "C" __global__ void __launch_bounds__(hipmla::sm90k::THREADS, 2) HIPMLA_S
 #pragma unroll
         for (int k = 0; k < SCALE_SLOTS; ++k) {
             const int b = psub + 8 * k;
-            if (b < SCALES) sm.stage[tile % STAGES].mult[prow * SCALES + b] = e8m0_multiplier(scale_bytes[k]);
+            if (b < SCALES) sm.ring.stage[tile % STAGES].mult[prow * SCALES + b] = e8m0_multiplier(scale_bytes[k]);
         }
     };
 
@@ -312,19 +348,19 @@ extern "C" __global__ void __launch_bounds__(hipmla::sm90k::THREADS, 2) HIPMLA_S
         cp_async_wait<STAGES - 2>();
         block_sync();
     }
+    // The ring's last tile. From here on tile + STAGES is issued right after the softmax ->
+    // P.V barrier of tile (its stage was last read by Q.K of tile), in the same straight
+    // code as tile's P.V, so the two interleave instead of waiting for each other.
+    issue_tile(STAGES - 1);
+    if (MXFP4) load_scales(STAGES - 1);
 
 #pragma unroll 1
     for (int tile = 0; tile < n_tiles; ++tile) {
         if (!EARLY_WAIT) {
-            cp_async_wait<STAGES - 2>();
+            cp_async_wait<STAGES - 1>();  // tile + 1 is in flight too
             block_sync();  // tile's copies visible; the previous tile's reads of red/pfrag and its stage are done
         }
-        // The bytes loaded one tile ago go to their stage (last read by Q.K of tile - 2);
-        // this tile's loads have a whole tile to land.
-        if (MXFP4 && tile > 0) store_scales(tile + STAGES - 2);
-        issue_tile(tile + STAGES - 1);
-        if (MXFP4) load_scales(tile + STAGES - 1);
-        const Stage& st = sm.stage[tile % STAGES];
+        const Stage& st = sm.ring.stage[tile % STAGES];
 
         // ---- Q.K over the warp's dims; K' fragments kept for P.V
         unsigned kf[NTILES][KSTEPS][2];
@@ -423,10 +459,16 @@ extern "C" __global__ void __launch_bounds__(hipmla::sm90k::THREADS, 2) HIPMLA_S
             sm.pfrag[step][dst_lane][dst_reg] = pp;
             if (su == 0) sm.alpha[sh] = alpha;
         }
-        // EARLY_WAIT: the next tile's copies are made visible by this barrier too (the
-        // stage it refills was last read by Q.K of tile - 1), so a tile costs 2 barriers.
+        // EARLY_WAIT: tile + 1's copies are made visible by this barrier too, so a tile
+        // costs 2 barriers.
         if (EARLY_WAIT) cp_async_wait<STAGES - 2>();
         block_sync();
+
+        // The ring moves on: the E8M0 bytes loaded a tile ago go to their stage (last read by
+        // Q.K of tile - 1), and tile + STAGES replaces tile.
+        if (MXFP4) store_scales(tile + STAGES - 1);
+        issue_tile(tile + STAGES);
+        if (MXFP4) load_scales(tile + STAGES);
 
         // ---- P.V over the warp's 64 columns: V = movmatrix.trans of the K' fragments
         {
@@ -457,7 +499,10 @@ extern "C" __global__ void __launch_bounds__(hipmla::sm90k::THREADS, 2) HIPMLA_S
     }
 
     // ---- the item's state: m, l of head sh; O of heads g, g + 8
-    if (it.bad) {  // NaN partial or output: the merge turns it into NaN for the sequence
+    const WorkItem done = sm.item;  // what the tiles' registers made room for
+    const int out_row = done.row;   // its out and lse
+    const int slot = done.n_items > 1 ? done.slot : -1;
+    if (done.bad) {  // NaN partial or output: the merge turns it into NaN for the sequence
         const float nan = f32_from_bits(0x7fc00000u);
         m_run = nan;
         l_run = nan;
@@ -480,7 +525,7 @@ extern "C" __global__ void __launch_bounds__(hipmla::sm90k::THREADS, 2) HIPMLA_S
             p.part_ml[(slot * HEADS + sh) * 2 + 1] = l;
         } else if (p.lse != nullptr) {
             // l = 0 only for an empty sequence; NaN (a bad item) stays NaN.
-            p.lse[(long long)row * HEADS + sh] = !(l <= 0.0f) ? (m_run + log2_f32(l)) * 0.6931471805599453f : neg_inf;
+            p.lse[(long long)out_row * HEADS + sh] = !(l <= 0.0f) ? (m_run + log2_f32(l)) * 0.6931471805599453f : neg_inf;
         }
     }
     block_sync();
@@ -491,26 +536,34 @@ extern "C" __global__ void __launch_bounds__(hipmla::sm90k::THREADS, 2) HIPMLA_S
 #else
     const float out_scale = exp2_int(QSHIFT) * (FP8 ? p.kv_fp8_scale : 1.0f);
 #endif
+    // O goes through the ring (no copy is in flight: every tile issued was waited for, the
+    // ones past the item copy nothing) so that the stores below are whole 16-byte runs of
+    // a head's row; from the fragments they would be 4-byte stores a sector each.
 #pragma unroll
-    for (int hh = 0; hh < 2; ++hh) {
-        const int head = g + 8 * hh;
-        const float lh = sm.l[head];
+    for (int hh = 0; hh < 2; ++hh)
 #pragma unroll
         for (int kk = 0; kk < KSTEPS; ++kk)
 #pragma unroll
             for (int r = 0; r < 2; ++r)
 #pragma unroll
-                for (int e = 0; e < 2; ++e) {
-                    const int d = dim_of(warp, t, kk, r, e);
-                    const float a = o[kk][r][2 * hh + e] * out_scale;
-                    if (slot >= 0) {
-                        p.part_acc[((long long)slot * HEADS + head) * D_V + d] = a;
-                    } else {
-                        // An empty sequence has l = 0 and O = 0: its output is 0 (a bad one NaN).
-                        static_cast<unsigned short*>(p.out)[((long long)row * HEADS + head) * D_V + d] =
-                            (unsigned short)f32_to_bf16_bits(!(lh <= 0.0f) ? a / lh : 0.0f);
-                    }
-                }
+                for (int e = 0; e < 2; ++e)
+                    sm.ring.out[g + 8 * hh][dim_of(warp, t, kk, r, e)] = o[kk][r][2 * hh + e] * out_scale;
+    block_sync();
+    constexpr int QUADS = D_V / 4;  // f32x4 per head row
+    for (int i = tid; i < HEADS * QUADS; i += THREADS) {
+        const int head = i / QUADS, d = 4 * (i % QUADS);
+        const f32x4 a = *reinterpret_cast<const f32x4*>(&sm.ring.out[head][d]);
+        if (slot >= 0) {
+            *reinterpret_cast<f32x4*>(p.part_acc + ((long long)slot * HEADS + head) * D_V + d) = a;
+        } else {
+            // An empty sequence has l = 0 and O = 0: its output is 0 (a bad one NaN).
+            const float lh = sm.l[head];
+            const bool keep = !(lh <= 0.0f);
+            const unsigned b0 = f32_to_bf16_bits(keep ? a.x / lh : 0.0f), b1 = f32_to_bf16_bits(keep ? a.y / lh : 0.0f);
+            const unsigned b2 = f32_to_bf16_bits(keep ? a.z / lh : 0.0f), b3 = f32_to_bf16_bits(keep ? a.w / lh : 0.0f);
+            *reinterpret_cast<u32x2*>(static_cast<unsigned short*>(p.out) + ((long long)out_row * HEADS + head) * D_V + d) =
+                u32x2{b0 | (b1 << 16), b2 | (b3 << 16)};
+        }
     }
-    if (slot >= 0 && arrive_last(p, it, &sm.last)) merge_partials<THREADS>(p, it);
+    if (slot >= 0 && arrive_last(p, done, &sm.last)) merge_partials<THREADS>(p, done);
 }
