@@ -464,37 +464,47 @@ extern "C" __global__ void __launch_bounds__(hipmla::sm90k::THREADS, 2) HIPMLA_S
         if (EARLY_WAIT) cp_async_wait<STAGES - 2>();
         block_sync();
 
+        // ---- P.V over the warp's 64 columns: V = movmatrix.trans of the K' fragments.
+        // The transposes are written first, apart from the tensor-core chain: they depend on
+        // K' alone, so ptxas moves them up into the softmax (their latency passes under it)
+        // instead of issuing them in front of each mma.
+        unsigned vt[PV_STEPS][KSTEPS][2][2];
+#pragma unroll
+        for (int step = 0; step < PV_STEPS; ++step)
+#pragma unroll
+            for (int kk = 0; kk < KSTEPS; ++kk)
+#pragma unroll
+                for (int r = 0; r < 2; ++r) {
+                    vt[step][kk][r][0] = movmatrix_trans(kf[2 * step][kk][r]);
+                    vt[step][kk][r][1] = movmatrix_trans(kf[2 * step + 1][kk][r]);
+                }
+
         // The ring moves on: the E8M0 bytes loaded a tile ago go to their stage (last read by
         // Q.K of tile - 1), and tile + STAGES replaces tile.
         if (MXFP4) store_scales(tile + STAGES - 1);
         issue_tile(tile + STAGES);
         if (MXFP4) load_scales(tile + STAGES);
 
-        // ---- P.V over the warp's 64 columns: V = movmatrix.trans of the K' fragments
-        {
-            const float a_lo = sm.alpha[g], a_hi = sm.alpha[g + 8];
-            if (!warp_all(a_lo == 1.0f && a_hi == 1.0f)) {
+        const float a_lo = sm.alpha[g], a_hi = sm.alpha[g + 8];
+        if (!warp_all(a_lo == 1.0f && a_hi == 1.0f)) {
 #pragma unroll
-                for (int kk = 0; kk < KSTEPS; ++kk)
+            for (int kk = 0; kk < KSTEPS; ++kk)
 #pragma unroll
-                    for (int r = 0; r < 2; ++r) {
-                        o[kk][r][0] *= a_lo;
-                        o[kk][r][1] *= a_lo;
-                        o[kk][r][2] *= a_hi;
-                        o[kk][r][3] *= a_hi;
-                    }
-            }
+                for (int r = 0; r < 2; ++r) {
+                    o[kk][r][0] *= a_lo;
+                    o[kk][r][1] *= a_lo;
+                    o[kk][r][2] *= a_hi;
+                    o[kk][r][3] *= a_hi;
+                }
+        }
 #pragma unroll
-            for (int step = 0; step < PV_STEPS; ++step) {
-                const u32x4 pa = *reinterpret_cast<const u32x4*>(sm.pfrag[step][lane]);
-                const unsigned a[4] = {pa.x, pa.y, pa.z, pa.w};
+        for (int step = 0; step < PV_STEPS; ++step) {
+            const u32x4 pa = *reinterpret_cast<const u32x4*>(sm.pfrag[step][lane]);
+            const unsigned a[4] = {pa.x, pa.y, pa.z, pa.w};
 #pragma unroll
-                for (int kk = 0; kk < KSTEPS; ++kk)
+            for (int kk = 0; kk < KSTEPS; ++kk)
 #pragma unroll
-                    for (int r = 0; r < 2; ++r)
-                        mma_bf16_16816(o[kk][r], a, movmatrix_trans(kf[2 * step][kk][r]),
-                                       movmatrix_trans(kf[2 * step + 1][kk][r]));
-            }
+                for (int r = 0; r < 2; ++r) mma_bf16_16816(o[kk][r], a, vt[step][kk][r][0], vt[step][kk][r][1]);
         }
     }
 
