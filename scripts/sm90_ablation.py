@@ -1,0 +1,136 @@
+"""Where the sm_90 kernel's time goes: builds with one part taken out, timed side by side.
+
+Each variant edits a copy of hip_src (text replacements on decode/split_sm90.hip, each of
+which must apply exactly once, so a changed kernel makes this script fail, not lie), and
+the decoder runs it with its self-test off. The outputs of those builds are WRONG: only
+their device time means something. Times are CUDA events, L2 flushed, median of --iters.
+
+    python3 scripts/sm90_ablation.py [--formats mxfp4,fp8] [--shapes 64x8k,256x8k,4x1k]
+
+The kernel's header quotes a run of it ("Measured").
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import shutil
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+import ml_dtypes
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from hipmla import kernels, runtime  # noqa: E402
+from hipmla.bench import Timer, read_gbs  # noqa: E402
+from hipmla.decode import Decoder  # noqa: E402
+from hipmla.inputs import BENCH_SM_SCALE, random_cache  # noqa: E402
+from hipmla.paging import KvLayout  # noqa: E402
+
+KERNEL = "decode/split_sm90.hip"
+
+# name -> [(old, new)] on the kernel's source. "copies" keeps the commits, so the ring's
+# waits still count groups; the other loop edits keep every load whose result they use.
+PARTS: dict[str, list[tuple[str, str]]] = {
+    "copies": [("""        if (MXFP4) store_scales(tile + STAGES - 1);
+        issue_tile(tile + STAGES);
+        if (MXFP4) load_scales(tile + STAGES);""", "        cp_async_commit();")],
+    "convert": [("e4m3x4_to_bf16x2_scaled_down(wv[kk], w2);", "w2[0] = wv[kk]; w2[1] = wv[kk] >> 3;"),
+                ("e2m1x8_to_bf16x2_scaled_down(wv[k], w4);",
+                 "w4[0] = wv[k]; w4[1] = wv[k] ^ mv; w4[2] = wv[k] + mv; w4[3] = wv[k] - mv;")],
+    "movmatrix": [("vt[step][kk][r][0] = movmatrix_trans(kf[2 * step][kk][r]);", "vt[step][kk][r][0] = kf[2 * step][kk][r];"),
+                  ("vt[step][kk][r][1] = movmatrix_trans(kf[2 * step + 1][kk][r]);",
+                   "vt[step][kk][r][1] = kf[2 * step + 1][kk][r];")],
+    "partials": [("for (int w = 1; w < WARPS; ++w) {", "for (int w = 1; w < 1; ++w) {")],
+    "pv": [("        for (int step = 0; step < PV_STEPS; ++step) {\n            const u32x4 pa",
+            "        for (int step = 0; step < 0; ++step) {\n            const u32x4 pa")],
+    "qk_mma": [("for (int j = 0; j < NTILES; ++j) mma_bf16_16816(s[j], qa[kk], kf[j][kk][0], kf[j][kk][1]);",
+                "for (int j = 0; j < NTILES; ++j) { s[j][0] += f32_from_bits(kf[j][kk][0]); "
+                "s[j][1] += f32_from_bits(kf[j][kk][1]); }")],
+    "barriers": [("""            *reinterpret_cast<f32x2*>(&sm.x.red[warp][g + 8][8 * j + 2 * t]) = f32x2{s[j][2], s[j][3]};
+        }
+        block_sync();""", """            *reinterpret_cast<f32x2*>(&sm.x.red[warp][g + 8][8 * j + 2 * t]) = f32x2{s[j][2], s[j][3]};
+        }"""), ("""        if (EARLY_WAIT) cp_async_wait<STAGES - 2>();
+        block_sync();""", "        if (EARLY_WAIT) cp_async_wait<STAGES - 2>();")],
+    "tiles": [("const int n_tiles = (n + TILE - 1) / TILE;", "const int n_tiles = 0;")],
+    "merge": [("if (slot >= 0 && arrive_last(p, done, &sm.last))", "if (false && slot >= 0 && arrive_last(p, done, &sm.last))")],
+}
+VARIANTS: dict[str, tuple[str, ...]] = {
+    "full": (),
+    **{f"-{name}": (name,) for name in PARTS},
+    "-loop work": ("copies", "convert", "movmatrix", "partials", "pv", "qk_mma"),
+    "-tiles -merge": ("tiles", "merge"),
+}
+SHAPES = {"4x1k": (4, 1024), "64x8k": (64, 8192), "256x8k": (256, 8192)}
+
+
+def edited_source(root: Path, parts: tuple[str, ...]) -> None:
+    path = root / KERNEL
+    text = path.read_text()
+    for part in parts:
+        for old, new in PARTS[part]:
+            if text.count(old) != 1:
+                raise SystemExit(f"{part}: the edit no longer matches {KERNEL} exactly once; update PARTS")
+            text = text.replace(old, new)
+    path.write_text(text)
+
+
+def main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--formats", default="mxfp4,fp8")
+    ap.add_argument("--shapes", default="64x8k,256x8k,4x1k")
+    ap.add_argument("--iters", type=int, default=20)
+    args = ap.parse_args(argv)
+    formats = args.formats.split(",")
+    shapes = {name: SHAPES[name] for name in args.shapes.split(",")}
+    info = runtime.device_info(0)
+    timer = Timer(info.l2_bytes)
+    print(f"{info.name}: read {read_gbs() or float('nan'):.0f} GB/s; us, L2 flushed, median of {args.iters}")
+    original = kernels.hip_src_dir()
+    rng = np.random.default_rng(0)
+    with tempfile.TemporaryDirectory() as tmp:
+        trees = {}
+        for name, parts in VARIANTS.items():
+            root = Path(tmp) / f"v{len(trees)}"
+            shutil.copytree(original, root)
+            edited_source(root, parts)
+            trees[name] = root
+        print(f"{'variant':>16} " + " ".join(f"{f + ' ' + s:>14}" for f in formats for s in shapes))
+        results = {name: [] for name in trees}
+        for fmt in formats:
+            max_b = max(b for b, _ in shapes.values())
+            kv = random_cache(max(b * n for b, n in shapes.values()), fmt, rng)
+            for b, n in shapes.values():
+                layout = KvLayout.contiguous(np.full(b, n))
+                q = rng.standard_normal((b, 16, 576), dtype=np.float32).astype(ml_dtypes.bfloat16)
+                host = {"q": q.view(np.uint16), "kv": kv.data, "kv_indptr": layout.kv_indptr,
+                        "kv_indices": layout.kv_indices, "kv_last_page_len": layout.kv_last_page_len,
+                        "kv_scale": kv.scales}
+                bufs = {k: runtime.DeviceArray.from_host(np.ascontiguousarray(v)) if v is not None else None
+                        for k, v in host.items()}
+                bufs["out"] = runtime.DeviceArray((b, 16, 512), np.uint16)
+                bufs["lse"] = runtime.DeviceArray((b, 16), np.float32)
+                extra = dict(page_size=layout.page_size, fp8_scale=kv.fp8_scale if fmt == "fp8" else None)
+                for k, (name, root) in enumerate(trees.items()):
+                    kernels.hip_src_dir = lambda root=root: root  # this process compiles from the edited copy
+                    # A define of its own per variant: the runtime keeps one loaded kernel per spec.
+                    spec = kernels.sm90_split_kernel(fmt)
+                    spec = dataclasses.replace(spec, defines=spec.defines + (("HIPMLA_ABLATION_VARIANT", str(k)),))
+                    dec = Decoder(fmt, BENCH_SM_SCALE, selftest=False, max_batch=max_b, kernel=spec)
+                    results[name].append(statistics.median(timer.time(lambda: dec.run(**bufs, **extra),
+                                                                      args.iters, flush=True)))
+                    dec.close()
+                kernels.hip_src_dir = lambda: original
+                for a in bufs.values():
+                    if a is not None:
+                        a.free()
+        for name, times in results.items():
+            print(f"{name:>16} " + " ".join(f"{t:14.1f}" for t in times))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
