@@ -77,27 +77,30 @@
 // Budget (nvcc 13.0 / ptxas, sm_90): registers <= 128 in every format (the cap of 2 blocks
 // per SM), no stack, no spills; dynamic shared memory 96,464 / 95,472 / 90,800 B. Tile loop in
 // SASS, per warp per 32-token tile (the 32-FMUL rescale, usually skipped, included): bf16
-// 294, fp8 440, mxfp4 522 instructions, i.e. x 8 warps / 32 tokens = 74 / 110 / 130 warp-
+// 263, fp8 413, mxfp4 502 instructions, i.e. x 8 warps / 32 tokens = 66 / 103 / 126 warp-
 // instructions per token, of which 9 HMMA + 8 MOVM; mxfp4's K dequantization (shifts, lop3,
-// bf16x2 multiplies) is ~200 of the 522.
-// Measured on the H200 (2026-12-01, Nsight Compute, mxfp4 64 x 8k, 156 us): issue-bound at
+// bf16x2 multiplies) is ~200 of the 502.
+// Measured on the H200 (2026-12-01, Nsight Compute, mxfp4 64 x 8k, 156 us, before the Q / O
+// staging and the copy issue beside P.V; 522 instructions a tile then): issue-bound at
 // 128 registers -- 2 blocks = 16 warps per SM (3.7 active warps per scheduler, 0.9 eligible),
 // IPC 1.98 of 4, issue slots 45% busy; per issued instruction a warp waits 1.5 cycles on
 // fixed-latency dependencies, 0.8 on shared-memory / MOVM results, 0.6 on MIO throttle, 0.6
 // on the math pipes, 0.5 on global loads and 0.45 at barriers. 4 x 1k (~31 us in every
 // format) is a latency chain: one block per item, 13 cycles per issued instruction of a
 // warp (3.1 of them at barriers, 2.4 on shared-memory results), then the merge.
-// Measured on the H200 (2026-12-01, session 4, mxfp4, L2 flushed, us at 64x8k / 256x8k /
-// 4x1k): builds with parts taken out (timing only, results wrong) show where the time
-// goes. Before the Q / O staging: 160 / 540 / 31. No tile loop, no merge: 32 / 56 / 13 --
-// the 2- and 4-byte Q loads and O stores were most of it; with the staging 12.6 / 18.6 /
-// 9.3, of which launch 3, the schedule 5.5 / 6.7 / 4.6 (before its three-barrier scan).
-// The merge adds 6 / 10 / 6 to a full run. In the tile loop, one part out at a time saves:
-// the copies 20 / 78 (they also stop the waiting for memory), P.V 21 / 93, K's bit
-// conversion 10 / 46, movmatrix 10 / 40, Q.K's mma 9 / 31, the 7 other warps' partial
-// scores 6 / 27, the two barriers 14 / 58; all of those out at once 94 / 274, of which the
-// fixed part above is 36 / 61. So no one part dominates: the tile loop is a latency chain
-// of phases between barriers (fp8, with 16% fewer instructions, takes as long as mxfp4).
+// Measured on the H200 (2026-12-01, mxfp4, L2 flushed, us at 64x8k / 256x8k / 4x1k;
+// scripts/sm90_ablation.py, which times builds with one part taken out -- their results
+// are wrong, their time is not -- scripts/results/h200-2026-12-01-sm90-ablation.txt):
+// the kernel 138.5 / 491.8 / 24.7. Without the tile loop and the merge 12.5 / 18.9 / 9.3
+// (launch ~3, the schedule, Q in, O out: before Q and O went through shared memory this
+// part was 32 / 56 / 13, the 2- and 4-byte accesses); the merge adds 5 / 8 / 5. One part
+// of the tile loop out at a time saves: the copies 12 / 47 (also the waits for memory),
+// P.V's mma 13 / 64, the two barriers 9 / 41, the 7 other warps' partial scores 7 / 32,
+// K's bit conversion 5 / 29, Q.K's mma 3 / 13, movmatrix 2 / 13 (ptxas issues the
+// transposes during Q.K and the softmax); all of the loop's work out at once (copies,
+// conversion, movmatrix, partials, both mma) 77.6 / 247.3, of which 16.6 / 27.1 is not
+// the loop. No one part dominates: the loop is a chain of phases between barriers, and
+// fp8 (16% fewer instructions) takes about as long as mxfp4.
 #include "params.h"
 #include "common/config.h"
 #include "common/numerics.h"
