@@ -275,6 +275,23 @@ def git_commit() -> str:
         return "unknown"
 
 
+def device_step(cache, layout: KvLayout, rng: np.random.Generator):
+    """One decode step's device buffers for ``cache`` read through ``layout``: random bf16 Q
+    (N(0, 1)), the cache and its layout uploaded, output and LSE allocated. Returns the
+    host Q, the buffers (``Decoder.run``'s keyword arguments) and the other arguments."""
+    b = layout.batch
+    q = rng.standard_normal((b, 16, 576), dtype=np.float32).astype(ml_dtypes.bfloat16)
+    host = {"q": q.view(np.uint16), "kv": cache.data, "kv_indptr": layout.kv_indptr,
+            "kv_indices": layout.kv_indices, "kv_last_page_len": layout.kv_last_page_len,
+            "kv_scale": cache.scales}
+    bufs = {k: runtime.DeviceArray.from_host(np.ascontiguousarray(v)) if v is not None else None
+            for k, v in host.items()}
+    bufs["out"] = runtime.DeviceArray((b, 16, 512), np.uint16)
+    bufs["lse"] = runtime.DeviceArray((b, 16), np.float32)
+    extra = dict(page_size=layout.page_size, fp8_scale=cache.fp8_scale if cache.format == "fp8" else None)
+    return q, bufs, extra
+
+
 def run_bench(formats, iters: int, device: int, with_torch: bool, out_dir: Path | None,
               only: set[str] | None = None, page_size: int = 0) -> list[BenchRow]:
     info = runtime.device_info(device)
@@ -303,15 +320,7 @@ def run_bench(formats, iters: int, device: int, with_torch: bool, out_dir: Path 
             b = lens.shape[0]
             layout = random_page_table(lens, page_size, rng) if page_size else KvLayout.contiguous(lens)
             cache = scatter(kv, layout) if page_size else kv
-            q = rng.standard_normal((b, 16, 576), dtype=np.float32).astype(ml_dtypes.bfloat16)
-            host = {"q": q.view(np.uint16), "kv": cache.data, "kv_indptr": layout.kv_indptr,
-                    "kv_indices": layout.kv_indices, "kv_last_page_len": layout.kv_last_page_len,
-                    "kv_scale": cache.scales}
-            bufs = {k: runtime.DeviceArray.from_host(np.ascontiguousarray(v)) if v is not None else None
-                    for k, v in host.items()}
-            bufs["out"] = runtime.DeviceArray((b, 16, 512), np.uint16)
-            bufs["lse"] = runtime.DeviceArray((b, 16), np.float32)
-            extra = dict(page_size=layout.page_size, fp8_scale=kv.fp8_scale if fmt == "fp8" else None)
+            q, bufs, extra = device_step(cache, layout, rng)
 
             def call():
                 dec.run(**bufs, **extra)

@@ -19,13 +19,12 @@ import sys
 import tempfile
 from pathlib import Path
 
-import ml_dtypes
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from hipmla import kernels, runtime  # noqa: E402
-from hipmla.bench import Timer, read_gbs  # noqa: E402
+from hipmla.bench import Timer, device_step, read_gbs  # noqa: E402
 from hipmla.decode import Decoder  # noqa: E402
 from hipmla.inputs import BENCH_SM_SCALE, random_cache  # noqa: E402
 from hipmla.paging import KvLayout  # noqa: E402
@@ -104,16 +103,7 @@ def main(argv: list[str]) -> int:
             max_b = max(b for b, _ in shapes.values())
             kv = random_cache(max(b * n for b, n in shapes.values()), fmt, rng)
             for b, n in shapes.values():
-                layout = KvLayout.contiguous(np.full(b, n))
-                q = rng.standard_normal((b, 16, 576), dtype=np.float32).astype(ml_dtypes.bfloat16)
-                host = {"q": q.view(np.uint16), "kv": kv.data, "kv_indptr": layout.kv_indptr,
-                        "kv_indices": layout.kv_indices, "kv_last_page_len": layout.kv_last_page_len,
-                        "kv_scale": kv.scales}
-                bufs = {k: runtime.DeviceArray.from_host(np.ascontiguousarray(v)) if v is not None else None
-                        for k, v in host.items()}
-                bufs["out"] = runtime.DeviceArray((b, 16, 512), np.uint16)
-                bufs["lse"] = runtime.DeviceArray((b, 16), np.float32)
-                extra = dict(page_size=layout.page_size, fp8_scale=kv.fp8_scale if fmt == "fp8" else None)
+                _, bufs, extra = device_step(kv, KvLayout.contiguous(np.full(b, n)), rng)
                 for k, (name, root) in enumerate(trees.items()):
                     kernels.hip_src_dir = lambda root=root: root  # this process compiles from the edited copy
                     # A define of its own per variant: the runtime keeps one loaded kernel per spec.
