@@ -436,7 +436,8 @@ def run_on_host(host_kernels, q, kv: KVCache, layout: KvLayout, policy: SplitPol
         batch=batch, page_shift=layout.page_size.bit_length() - 1,
         split_target=policy.target_items, split_min_tokens=policy.min_split_tokens,
         split_align=policy.align_tokens, fast_tile=policy.fast_tile,
-        errors=_ptr(errors), kv_rows=kv.rows, n_indices=0 if indices is None else indices.shape[0],
+        errors=_ptr(errors), kv_rows=kv.rows,
+        n_indices=0 if indices is None or getattr(layout, "unbounded", False) else indices.shape[0],
         head_groups=heads // 16, q_tokens=t_q,
     )
     host_kernels(spec or split_kernel(kv.format, q_precision), arch)(p, grid_decode(grid)[0], 256)
@@ -653,6 +654,7 @@ class RawLayout:
     kv_indices: np.ndarray | None = None
     kv_last_page_len: np.ndarray | None = None
     page_size: int = 1
+    unbounded: bool = False  # kv_indices as a raw address: the kernel gets no table length
 
     @property
     def batch(self) -> int:
@@ -706,7 +708,8 @@ def test_several_query_tokens_and_heads_on_cpu_match_emulator_and_reference(host
 
 
 @pytest.mark.parametrize("kind", ["decreasing indptr", "rows past the cache", "page past the cache",
-                                  "negative page id", "indptr past kv_indices", "last page length"])
+                                  "negative page id", "indptr past kv_indices", "last page length",
+                                  "more tokens than int32"])
 @pytest.mark.parametrize("arch", ["portable", "gfx942"])
 def test_invalid_device_input_gives_nan_and_an_error_bit(host_kernels, kind, arch):
     """The host never reads kv_indptr / kv_indices / kv_last_page_len: the kernel checks
@@ -739,10 +742,16 @@ def test_invalid_device_input_gives_nan_and_an_error_bit(host_kernels, kind, arc
         elif kind == "indptr past kv_indices":
             idx = idx[: ip[-1] - 1]  # the table is one entry short for the last sequence
             hit, bit = [len(LENS) - 1], 2
+        elif kind == "more tokens than int32":
+            # A raw table address (no length to check against) and 2^27 more pages of 16
+            # rows for the last sequence: its token count leaves int32. It must be flagged
+            # before anything reads those entries or splits that count.
+            ip[-1] += 1 << 27
+            hit, bit = [len(LENS) - 1], 2
         else:
             last[2] = 17  # page size 16
             hit, bit = [2], 8
-        lay = RawLayout(ip, idx, last, 16)
+        lay = RawLayout(ip, idx, last, 16, unbounded=kind == "more tokens than int32")
     errors = np.zeros(1, dtype=np.int32)
     out, lse, counters = run_on_host(host_kernels, q, cache, lay, POLICY, 1 / 24, "bf16", arch, errors, spec=spec)
     assert errors[0] & bit, (kind, int(errors[0]))

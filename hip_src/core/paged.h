@@ -16,7 +16,7 @@ namespace hipmla {
 // schedule sets them, and the sequence they concern gets NaN output and LSE instead of a
 // read outside the arrays it was given (hipmla.decode.DEVICE_ERRORS mirrors them).
 constexpr int ERR_INDPTR = 1;     // kv_indptr decreases at the sequence, or is negative
-constexpr int ERR_BOUNDS = 2;     // its rows (contiguous) or page-table entries (paged) pass the end
+constexpr int ERR_BOUNDS = 2;     // its rows (contiguous) or page-table entries (paged) pass the end, or its pages hold more than 2^31 - 1 tokens
 constexpr int ERR_PAGE = 4;       // a page id is negative or its rows pass the end of the cache
 constexpr int ERR_LAST_PAGE = 8;  // kv_last_page_len outside 1 .. page_size
 constexpr int ERR_QO = 16;        // qo_indptr decreases, is negative or passes q_tokens
@@ -40,8 +40,12 @@ HIPMLA_DEVICE SeqExtent seq_extent(const MlaDecodeParams& p, int seq) {
     if (p.n_indices > 0 && end > p.n_indices) bad |= ERR_BOUNDS;
     const int last = n > 0 ? p.kv_last_page_len[seq] : 1;
     if (last < 1 || last > (1 << p.page_shift)) bad |= ERR_LAST_PAGE;
+    // More pages than an int32 token count holds: only a corrupt kv_indptr with a raw
+    // page-table address (n_indices = 0, so no bound above) gets here.
+    const long long tokens = n <= 0 ? 0 : ((long long)(n - 1) << p.page_shift) + last;
+    if (tokens > 0x7fffffffLL) bad |= ERR_BOUNDS;
     if (bad) return SeqExtent{0, bad};
-    return SeqExtent{n <= 0 ? 0 : ((n - 1) << p.page_shift) + last, 0};
+    return SeqExtent{int(tokens), 0};
 }
 
 // Whether page `page` is a page of the cache (kv_rows 0: the caller promised it is).

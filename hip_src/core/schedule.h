@@ -107,7 +107,8 @@ struct SeqSplit {
         // 0 <= len and 1 <= chunk <= INT32_MAX (schedule_item clamps it: a chunk of at least
         // len_s is one item either way), so the sum fits 32 bits unsigned: every thread runs
         // this for its sequences, and a 32-bit division is a fraction of a 64-bit one.
-        const unsigned n = (unsigned(len) + unsigned(chunk) - 1u) / unsigned(chunk);
+        // (len < 0 cannot come from seq_extent; it would be one item here, as before.)
+        const unsigned n = len > 0 ? (unsigned(len) + unsigned(chunk) - 1u) / unsigned(chunk) : 0u;
         return n > 1 ? int(n) : 1;
     }
     HIPMLA_DEVICE bool tail_item(int len) const {
