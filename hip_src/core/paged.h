@@ -16,7 +16,8 @@ namespace hipmla {
 // schedule sets them, and the sequence they concern gets NaN output and LSE instead of a
 // read outside the arrays it was given (hipmla.decode.DEVICE_ERRORS mirrors them).
 constexpr int ERR_INDPTR = 1;     // kv_indptr decreases at the sequence, or is negative
-constexpr int ERR_BOUNDS = 2;     // its rows (contiguous) or page-table entries (paged) pass the end, or its pages hold more than 2^31 - 1 tokens
+constexpr int ERR_BOUNDS = 2;     // its rows (contiguous) or page-table entries (paged) pass the end,
+                                  // or its pages hold more than 2^31 - 1 tokens
 constexpr int ERR_PAGE = 4;       // a page id is negative or its rows pass the end of the cache
 constexpr int ERR_LAST_PAGE = 8;  // kv_last_page_len outside 1 .. page_size
 constexpr int ERR_QO = 16;        // qo_indptr decreases, is negative or passes q_tokens

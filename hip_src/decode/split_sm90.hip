@@ -39,8 +39,8 @@
 // Copies: a ring of STAGES tiles (bf16 2, fp8 4, mxfp4 6) filled by cp.async.cg (16 B, with
 // zero fill for rows past the item) one ring ahead: tile + STAGES is issued right after the
 // softmax -> P.V barrier of tile, in the same straight code as tile's P.V (issued at the top
-// of the next tile instead, the two ran one after the other); thread (row tid / 8, chunk tid % 8 + 8k)
-// reads one page-table entry per tile through kv_rows().row(). MXFP4 E8M0 bytes are read
+// of the next tile instead, the two ran one after the other). Thread (row tid / 8, chunk
+// tid % 8 + 8k) reads one page-table entry per tile through kv_rows().row(). MXFP4 E8M0 bytes are read
 // with plain loads one ring ahead and stored as bf16x2 multipliers one tile later (a whole
 // tile of math hides their latency; the prologue has all its tiles' bytes in flight at once).
 // Barriers per tile: fp8 / mxfp4 (EARLY_WAIT) 2 -- the wait for tile + 1 sits before the
