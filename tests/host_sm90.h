@@ -159,6 +159,13 @@ inline bool warp_all(bool v) {
         return all;
     });
 }
+inline bool warp_any(bool v) {
+    return exchange(v, [](auto peer) {
+        bool any = false;
+        for (int l = 0; l < WARP; ++l) any = any || peer(l);
+        return any;
+    });
+}
 
 }  // namespace sm90
 }  // namespace hipmla

@@ -187,6 +187,7 @@ HIPMLA_DEVICE float warp_xor_max(float v, int lane_mask) {
 }
 HIPMLA_DEVICE float warp_xor_sum(float v, int lane_mask) { return v + __shfl_xor_sync(0xffffffffu, v, lane_mask); }
 HIPMLA_DEVICE bool warp_all(bool v) { return __all_sync(0xffffffffu, v) != 0; }
+HIPMLA_DEVICE bool warp_any(bool v) { return __any_sync(0xffffffffu, v) != 0; }
 #endif  // !HIPMLA_HOST_PLATFORM
 
 }  // namespace sm90

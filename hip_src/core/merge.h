@@ -41,6 +41,7 @@ HIPMLA_DEVICE void merge_partials(const MlaDecodeParams& p, const WorkItem& it) 
     constexpr int LANES = THREADS / HEADS;
     constexpr int VEC = 4;
     constexpr int STEPS = D_V / (LANES * VEC);
+    constexpr int M_ROUND = 16;
     static_assert(LANES * HEADS == THREADS && STEPS * LANES * VEC == D_V, "lanes must cover heads x columns");
 
     const int tid = int(thread_index());
@@ -53,7 +54,7 @@ HIPMLA_DEVICE void merge_partials(const MlaDecodeParams& p, const WorkItem& it) 
 
     // A merge is otherwise a chain of L2 round trips: the first two slots' partials are
     // loaded beside the m pass (they do not depend on its max), so a merge of two slots is
-    // one round trip; the later slots' loops are unrolled to keep several slots in flight.
+    // one round trip; later slots follow two per round trip.
     const bool second = s0 + ds < s1;  // a merge has two slots or more; one is read once
     f32x4 head_acc[2][STEPS];
     float head_ml[2][2];
@@ -67,11 +68,19 @@ HIPMLA_DEVICE void merge_partials(const MlaDecodeParams& p, const WorkItem& it) 
 #pragma unroll
         for (int k = 0; k < STEPS; ++k) head_acc[j][k] = load_coherent(part + i + LANES * k);
     }
+    // M in rounds of M_ROUND slots whose loads are all in flight at once (predicated, so a
+    // merge of up to M_ROUND slots is one round trip, with no remainder loop after it).
+    // A NaN m (a bad item's) never wins the compare, in any order: M is order-free.
     float big_m = neg_inf;
-#pragma unroll 4
-    for (int s = s0; s < s1; s += ds) {
-        const float m = load_coherent(p.part_ml + ((long long)s * HEADS + h) * 2);
-        big_m = m > big_m ? m : big_m;
+    for (int s = s0; s < s1; s += M_ROUND * ds) {
+        float m[M_ROUND];
+#pragma unroll
+        for (int k = 0; k < M_ROUND; ++k) {
+            const int sk = s + k * ds;
+            m[k] = sk < s1 ? load_coherent(p.part_ml + ((long long)sk * HEADS + h) * 2) : neg_inf;
+        }
+#pragma unroll
+        for (int k = 0; k < M_ROUND; ++k) big_m = m[k] > big_m ? m[k] : big_m;
     }
     // All slots empty: weights would be exp2(-inf - -inf); the state is the empty one.
     const float shift = big_m == neg_inf ? 0.0f : big_m;
@@ -97,14 +106,24 @@ HIPMLA_DEVICE void merge_partials(const MlaDecodeParams& p, const WorkItem& it) 
     };
     add_slot(head_ml[0][0], head_ml[0][1], head_acc[0]);
     if (second) add_slot(head_ml[1][0], head_ml[1][1], head_acc[1]);
-#pragma unroll 2
-    for (int s = s0 + 2 * ds; s < s1; s += ds) {
-        const float* ml = p.part_ml + ((long long)s * HEADS + h) * 2;
-        const f32x4* part = reinterpret_cast<const f32x4*>(p.part_acc + ((long long)s * HEADS + h) * D_V);
-        f32x4 a[STEPS];
+    // The later slots two per round trip (their loads issued together; a lone last slot
+    // loads its own partial twice rather than branch around the second load).
+    for (int s = s0 + 2 * ds; s < s1; s += 2 * ds) {
+        const bool pair = s + ds < s1;
+        f32x4 a[2][STEPS];
+        float ml[2][2];
 #pragma unroll
-        for (int k = 0; k < STEPS; ++k) a[k] = load_coherent(part + i + LANES * k);
-        add_slot(load_coherent(ml), load_coherent(ml + 1), a);
+        for (int j = 0; j < 2; ++j) {
+            const int sj = j == 1 && pair ? s + ds : s;
+            const float* slot_ml = p.part_ml + ((long long)sj * HEADS + h) * 2;
+            ml[j][0] = load_coherent(slot_ml);
+            ml[j][1] = load_coherent(slot_ml + 1);
+            const f32x4* part = reinterpret_cast<const f32x4*>(p.part_acc + ((long long)sj * HEADS + h) * D_V);
+#pragma unroll
+            for (int k = 0; k < STEPS; ++k) a[j][k] = load_coherent(part + i + LANES * k);
+        }
+        add_slot(ml[0][0], ml[0][1], a[0]);
+        if (pair) add_slot(ml[1][0], ml[1][1], a[1]);
     }
 
     const bool zero = big_l <= 0.0f;  // all slots empty; NaN (a bad item's slot) stays NaN

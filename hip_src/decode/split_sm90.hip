@@ -29,6 +29,8 @@
 //         2w, 2w+1 (lane: head 2w + lane / 16, tokens 2 (lane % 16), +1), owns their running
 //         max and sum, forms P = bf16_rne(exp2(s - m)) and alpha, and writes P in the
 //         register order of the P.V A operand (pfrag) -- the one softmax state of the block.
+//         A tile none of whose scores exceeds the running max (a warp-wide vote) keeps m
+//         and alpha = 1 without the 4-shuffle max chain: the values that chain would give.
 //   P.V   O_w += P V over the tile's 32 tokens (2 k16-steps) and the warp's 64 columns
 //         (8 n-tiles): V is NOT dequantized again. The K registers of Q.K hold exactly the
 //         V values of the warp's columns (V = the first 512 dims of the row), and
@@ -45,9 +47,10 @@
 // tile of math hides their latency; the prologue has all its tiles' bytes in flight at once).
 // Barriers per tile: fp8 / mxfp4 (EARLY_WAIT) 2 -- the wait for tile + 1 sits before the
 // softmax -> P.V barrier, which then also publishes the next stage; bf16 (2 stages) 3.
-// Prologue and epilogue: the row's Q (18 KiB) is read into shared memory in 16-byte loads
-// (in the partial-score exchange, free until the first tile) and the fragments are built
-// from there; O goes back through the ring after the last tile and leaves in 16-byte
+// Prologue and epilogue: the row's Q (18 KiB) is copied into shared memory by 16-byte
+// cp.async (in the partial-score exchange, free until the first tile) as the oldest copy
+// group, in flight beside the first tiles', and the fragments are built from there once
+// it has landed (one memory latency for both, not Q's and then the tiles'); O goes back through the ring after the last tile and leaves in 16-byte
 // stores of whole head rows (partial slot, or bf16 output). Read or written from the
 // fragments directly they were 2- and 4-byte accesses a sector each: on the H200 that cost
 // more than the tiles of a short item (see "Measured" below).
@@ -242,38 +245,16 @@ extern "C" __global__ void __launch_bounds__(hipmla::sm90k::THREADS, 2) HIPMLA_S
     const float neg_inf = f32_from_bits(0xff800000u);
     const int n_tiles = (n + TILE - 1) / TILE;
 
-    // Q' as the A operand of the warp's 4 k16-steps (reg 2r + hh: heads g + 8hh, slots
-    // 2t + 8r + e) and of its rope k8-step. The row's 18 KiB of Q go through shared memory
-    // in 16-byte loads: read where the fragments need them, they would be 2-byte loads
-    // touching a sector each (the schedule's scan, which x.sched held, is over).
-    unsigned qa[KSTEPS][4];
-    unsigned qr[2];
+    // The row's 18 KiB of Q go through shared memory in 16-byte copies (read where the
+    // fragments need them, they would be 2-byte loads touching a sector each; the
+    // schedule's scan, which x.sched held, is over). They are the oldest copy group, in
+    // flight beside the prologue's tiles (whose page-table reads would otherwise follow
+    // Q's memory latency instead of overlapping it).
     {
-        const u32x4* qg = reinterpret_cast<const u32x4*>(static_cast<const unsigned short*>(p.q) + (long long)row * HEADS * D_QK);
-        u32x4* qs = reinterpret_cast<u32x4*>(sm.x.q);
-        for (int i = tid; i < HEADS * D_QK / 8; i += THREADS) qs[i] = qg[i];
-        block_sync();
-        const unsigned short* q = sm.x.q;
-#pragma unroll
-        for (int kk = 0; kk < KSTEPS; ++kk) {
-#pragma unroll
-            for (int r = 0; r < 2; ++r) {
-#pragma unroll
-                for (int hh = 0; hh < 2; ++hh) {
-                    const int h = g + 8 * hh;
-                    qa[kk][2 * r + hh] = q_scaled(q, h, dim_of(warp, t, kk, r, 0)) |
-                                         (q_scaled(q, h, dim_of(warp, t, kk, r, 1)) << 16);
-                }
-            }
-        }
-#pragma unroll
-        for (int hh = 0; hh < 2; ++hh) {
-            const int d = D_V + ROPE_DIMS * warp + 2 * t;
-            qr[hh] = q_scaled(q, g + 8 * hh, d) | (q_scaled(q, g + 8 * hh, d + 1) << 16);
-        }
-        block_sync();  // x is the partial-score exchange from here on
+        const unsigned short* qg = static_cast<const unsigned short*>(p.q) + (long long)row * HEADS * D_QK;
+        for (int i = tid; i < HEADS * D_QK / 8; i += THREADS) cp_async_16(smem_address(sm.x.q + 8 * i), qg + 8 * i, 16u);
+        cp_async_commit();
     }
-
     // Producer role: row prow of every tile, chunks psub + 8k, E8M0 bytes psub + 8k.
     const int prow = tid >> 3, psub = tid & 7;
     const unsigned char* kv_base = static_cast<const unsigned char*>(p.kv);
@@ -347,6 +328,36 @@ extern "C" __global__ void __launch_bounds__(hipmla::sm90k::THREADS, 2) HIPMLA_S
             }
         }
     }
+    // Q' as the A operand of the warp's 4 k16-steps (reg 2r + hh: heads g + 8hh, slots
+    // 2t + 8r + e) and of its rope k8-step, once Q's group (older than the STAGES - 1
+    // tiles') has landed.
+    unsigned qa[KSTEPS][4];
+    unsigned qr[2];
+    cp_async_wait<STAGES - 1>();
+    block_sync();
+    {
+        const unsigned short* q = sm.x.q;
+#pragma unroll
+        for (int kk = 0; kk < KSTEPS; ++kk) {
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {
+#pragma unroll
+                for (int hh = 0; hh < 2; ++hh) {
+                    const int h = g + 8 * hh;
+                    qa[kk][2 * r + hh] = q_scaled(q, h, dim_of(warp, t, kk, r, 0)) |
+                                         (q_scaled(q, h, dim_of(warp, t, kk, r, 1)) << 16);
+                }
+            }
+        }
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+            const int d = D_V + ROPE_DIMS * warp + 2 * t;
+            qr[hh] = q_scaled(q, g + 8 * hh, d) | (q_scaled(q, g + 8 * hh, d + 1) << 16);
+        }
+    }
+
+    // x is the partial-score exchange from here on: the sync before the first tile's Q.K
+    // (below, or at the top of the loop without EARLY_WAIT) orders these reads first.
     if (EARLY_WAIT) {  // tile 0's copies, made visible by the sync below
         cp_async_wait<STAGES - 2>();
         block_sync();
@@ -444,13 +455,19 @@ extern "C" __global__ void __launch_bounds__(hipmla::sm90k::THREADS, 2) HIPMLA_S
             const int tok = tile * TILE + 2 * su;
             const float s0 = tok < n ? sum.x * qk_scale : neg_inf;
             const float s1 = tok + 1 < n ? sum.y * qk_scale : neg_inf;
-            float tmax = s0 > s1 ? s0 : s1;
-            tmax = warp_xor_max(tmax, 8);
-            tmax = warp_xor_max(tmax, 4);
-            tmax = warp_xor_max(tmax, 2);
-            tmax = warp_xor_max(tmax, 1);
-            const float m_new = m_run > tmax ? m_run : tmax;
-            const float alpha = exp2_approx(m_run - m_new);
+            // Once the running max has settled, no score of a tile exceeds it: then the
+            // max over the tile is m_run itself and alpha is exactly 1, so one vote replaces
+            // the 4-shuffle reduction chain and the ex2 (the same m and alpha either way).
+            float m_new = m_run, alpha = 1.0f;
+            if (warp_any(s0 > m_run || s1 > m_run)) {
+                float tmax = s0 > s1 ? s0 : s1;
+                tmax = warp_xor_max(tmax, 8);
+                tmax = warp_xor_max(tmax, 4);
+                tmax = warp_xor_max(tmax, 2);
+                tmax = warp_xor_max(tmax, 1);
+                m_new = m_run > tmax ? m_run : tmax;
+                alpha = exp2_approx(m_run - m_new);
+            }
             const unsigned pp = pack_bf16x2_rn(exp2_approx(s0 - m_new), exp2_approx(s1 - m_new));
             const float p0 = f32_from_bits(pp << 16), p1 = f32_from_bits(pp & 0xffff0000u);
             l_run = l_run * alpha + (p0 + p1);
