@@ -41,6 +41,12 @@
 // second buffers before the first prefetch, the wave merge reuses all of it at the end.
 // bf16 Q stays in LDS of its own (18,688 B more with padded rows: 97,536 B, one block per CU), because
 // every k-step of every tile reads it: in registers it would take 72 VGPRs per lane.
+// Registers (clang-22): quantized Q 249 (fp8) / 230 (mxfp4), so with its LDS two blocks
+// (2 waves per SIMD) fit a CU; bf16 Q 206. Next to the 128 accumulators and the Q operand
+// (fp8 40 + 5 scales, mxfp4 20 + 5) the tile loop holds little else: its LDS reads are
+// immediate offsets from a few per-lane bases, not an address register per token
+// (quarter_scores, quarter_pv), and the last k-step's empty half is a select, not a branch
+// that had both score groups' K (40 VGPRs) live at once (quarter_scores).
 //
 // Masked tail (arch/cdna.h): only the last tile may be partial. A token t of a quarter
 // with t >= valid (valid = the quarter's tokens before the item's end, wave-uniform, <= 0
@@ -130,6 +136,14 @@ struct Buffer {
     alignas(16) unsigned char kv[QUARTER_BYTES];
     unsigned char scale[QUARTER * SCALE_STRIDE];
 };
+
+// quarter_scores reads the last k-step's 16 bytes and scale of lanes g >= 2 before it
+// zeroes them: the furthest (token 31, lane group 3) must still be inside the Buffer.
+static_assert((QUARTER - 1) * ROW_BYTES + 16 * (LANE_GROUPS - 1) + SCALED_K / 2 * (K_STEPS - 1) + 16 <=
+                      int(sizeof(Buffer)) &&
+                  (QUARTER - 1) * SCALE_STRIDE + (LANE_GROUPS - 1) + SCALED_K / MX_BLOCK * (K_STEPS - 1) <
+                      QUARTER * SCALE_STRIDE,
+              "the last k-step's reads past a row stay inside the Buffer");
 
 struct QStage {                                   // block-wide, before the first tile
     alignas(16) unsigned char q[HEADS * Q_BYTES_PER_HEAD];
@@ -307,19 +321,26 @@ HIPMLA_DEVICE void put_scales(Buffer& b, const LaneScales& sc) {
 // S^T of one quarter: score[i][j] = q_{lane_col} . k_{score_token(i, 4 g + j)} (raw).
 HIPMLA_DEVICE void quarter_scores(const Buffer& b, const QOperand& q, f32x4* score) {
     const int x = lane_col(), g = lane_rowgroup();
+    // Per-lane bases, everything else an immediate offset (score_token(i, x) is 16 i
+    // past score_token(0, x)): no address register per group and k-step.
+    const int t0 = score_token(0, x);
+    const unsigned char* kv = b.kv + t0 * ROW_BYTES + 16 * g;
+    const unsigned char* ksc = b.scale + t0 * SCALE_STRIDE + g;
 #pragma unroll
     for (int i = 0; i < GROUPS; ++i) {
-        const int t = score_token(i, x);
-        const unsigned char* row = b.kv + t * ROW_BYTES;
         f32x4 d = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
         for (int s = 0; s < K_STEPS; ++s) {
             const int k0 = s * SCALED_K + 32 * g;  // e2m1 K: 32 consecutive k per lane
-            u32x4 k = {0u, 0u, 0u, 0u};
-            unsigned ks = 127u;
-            if (k0 < D_QK) {
-                k = *reinterpret_cast<const u32x4*>(row + k0 / 2);
-                ks = b.scale[t * SCALE_STRIDE + k0 / MX_BLOCK];
+            // Past the row (the last k-step's lanes g >= 2) the reads land in the next row,
+            // the scale array or a row's scale padding, all inside the Buffer, and are
+            // replaced by zeros: a select, where a branch around the reads made each group
+            // its own block and the compiler held both groups' K at once.
+            u32x4 k = *reinterpret_cast<const u32x4*>(kv + MFMA_N * i * ROW_BYTES + SCALED_K / 2 * s);
+            unsigned ks = ksc[MFMA_N * i * SCALE_STRIDE + SCALED_K / MX_BLOCK * s];
+            if (k0 >= D_QK) {
+                k = u32x4{0u, 0u, 0u, 0u};
+                ks = 127u;
             }
             const i32x8 a = {int(k.x), int(k.y), int(k.z), int(k.w), 0, 0, 0, 0};
             d = mfma_scaled_16x16x128<MFMA_FMT_E2M1, Q_FMT>(a, ks, q.data[s], q.scale[s], d);
@@ -379,6 +400,11 @@ HIPMLA_DEVICE void pv_byte(const unsigned* words, const float* scale, u32x4 pt, 
 // (k-slot e = token pv_token(lane_rowgroup, e)).
 HIPMLA_DEVICE void quarter_pv(const Buffer& b, u32x4 pt, f32x4 (*acc)[V_TILES]) {
     const int r = lane_col(), g = lane_rowgroup();
+    // Per-lane bases, everything else an immediate offset (pv_token(g, e) is pv_token(0, e)
+    // past pv_token(g, 0)): no address register per token.
+    const int t0 = pv_token(g, 0);
+    const unsigned char* kv = b.kv + t0 * ROW_BYTES + 4 * r;
+    const unsigned char* vsc = b.scale + t0 * SCALE_STRIDE + (8 * r) / MX_BLOCK;
 #pragma unroll
     for (int vg = 0; vg < V_GROUPS; ++vg) {
         // One value group at a time: hoisting the next group's loads and converts would
@@ -388,9 +414,9 @@ HIPMLA_DEVICE void quarter_pv(const Buffer& b, u32x4 pt, f32x4 (*acc)[V_TILES]) 
         float scale[8];
 #pragma unroll
         for (int e = 0; e < 8; ++e) {
-            const int t = pv_token(g, e);
-            words[e] = *reinterpret_cast<const unsigned*>(b.kv + t * ROW_BYTES + vg * 64 + 4 * r);
-            scale[e] = e8m0_to_f32(b.scale[t * SCALE_STRIDE + (vg * 128 + 8 * r) / MX_BLOCK]);
+            const int dt = pv_token(0, e);
+            words[e] = *reinterpret_cast<const unsigned*>(kv + dt * ROW_BYTES + vg * 64);
+            scale[e] = e8m0_to_f32(vsc[dt * SCALE_STRIDE + vg * 128 / MX_BLOCK]);
         }
         pv_byte<0>(words, scale, pt, acc[vg][0], acc[vg][1]);
         pv_byte<1>(words, scale, pt, acc[vg][2], acc[vg][3]);
