@@ -79,10 +79,11 @@
 //
 // Budget (nvcc 13.0 / ptxas, sm_90): registers <= 128 in every format (the cap of 2 blocks
 // per SM), no stack, no spills; dynamic shared memory 96,464 / 95,472 / 90,800 B. Tile loop in
-// SASS, per warp per 32-token tile (the 32-FMUL rescale, usually skipped, included): bf16
-// 263, fp8 413, mxfp4 502 instructions, i.e. x 8 warps / 32 tokens = 66 / 103 / 126 warp-
-// instructions per token, of which 9 HMMA + 8 MOVM; mxfp4's K dequantization (shifts, lop3,
-// bf16x2 multiplies) is ~200 of the 502.
+// SASS, per warp per 32-token tile that keeps the running max (the 32-FMUL rescale, usually
+// skipped, included; a tile that raises it runs 19 more, the max chain): bf16 260, fp8 410,
+// mxfp4 498 instructions, i.e. x 8 warps / 32 tokens = 65 / 103 / 125 warp-instructions per
+// token, of which 9 HMMA + 8 MOVM; mxfp4's K dequantization (72 shifts, ~56 of the 80 lop3,
+// 36 bf16x2 multiplies) is ~185 of the 498.
 // Measured on the H200 (2026-12-01, Nsight Compute, mxfp4 64 x 8k, 156 us, before the Q / O
 // staging and the copy issue beside P.V; 522 instructions a tile then): issue-bound at
 // 128 registers -- 2 blocks = 16 warps per SM (3.7 active warps per scheduler, 0.9 eligible),
