@@ -55,19 +55,20 @@ HIPMLA_DEVICE void merge_partials(const MlaDecodeParams& p, const WorkItem& it) 
     // A merge is otherwise a chain of L2 round trips: the first two slots' partials are
     // loaded beside the m pass (they do not depend on its max), so a merge of two slots is
     // one round trip; later slots follow two per round trip.
+    // Slot s's (m, l) and this thread's columns of its acc.
+    auto load_slot = [&](int s, float (&ml)[2], f32x4 (&a)[STEPS]) {
+        const float* slot_ml = p.part_ml + ((long long)s * HEADS + h) * 2;
+        ml[0] = load_coherent(slot_ml);
+        ml[1] = load_coherent(slot_ml + 1);
+        const f32x4* part = reinterpret_cast<const f32x4*>(p.part_acc + ((long long)s * HEADS + h) * D_V);
+#pragma unroll
+        for (int k = 0; k < STEPS; ++k) a[k] = load_coherent(part + i + LANES * k);
+    };
     const bool second = s0 + ds < s1;  // a merge has two slots or more; one is read once
     f32x4 head_acc[2][STEPS];
     float head_ml[2][2];
 #pragma unroll
-    for (int j = 0; j < 2; ++j) {
-        const int s = second ? s0 + j * ds : s0;
-        const float* ml = p.part_ml + ((long long)s * HEADS + h) * 2;
-        head_ml[j][0] = load_coherent(ml);
-        head_ml[j][1] = load_coherent(ml + 1);
-        const f32x4* part = reinterpret_cast<const f32x4*>(p.part_acc + ((long long)s * HEADS + h) * D_V);
-#pragma unroll
-        for (int k = 0; k < STEPS; ++k) head_acc[j][k] = load_coherent(part + i + LANES * k);
-    }
+    for (int j = 0; j < 2; ++j) load_slot(second ? s0 + j * ds : s0, head_ml[j], head_acc[j]);
     // M in rounds of M_ROUND slots whose loads are all in flight at once (predicated, so a
     // merge of up to M_ROUND slots is one round trip, with no remainder loop after it).
     // A NaN m (a bad item's) never wins the compare, in any order: M is order-free.
@@ -113,15 +114,7 @@ HIPMLA_DEVICE void merge_partials(const MlaDecodeParams& p, const WorkItem& it) 
         f32x4 a[2][STEPS];
         float ml[2][2];
 #pragma unroll
-        for (int j = 0; j < 2; ++j) {
-            const int sj = j == 1 && pair ? s + ds : s;
-            const float* slot_ml = p.part_ml + ((long long)sj * HEADS + h) * 2;
-            ml[j][0] = load_coherent(slot_ml);
-            ml[j][1] = load_coherent(slot_ml + 1);
-            const f32x4* part = reinterpret_cast<const f32x4*>(p.part_acc + ((long long)sj * HEADS + h) * D_V);
-#pragma unroll
-            for (int k = 0; k < STEPS; ++k) a[j][k] = load_coherent(part + i + LANES * k);
-        }
+        for (int j = 0; j < 2; ++j) load_slot(j == 1 && pair ? s + ds : s, ml[j], a[j]);
         add_slot(ml[0][0], ml[0][1], a[0]);
         if (pair) add_slot(ml[1][0], ml[1][1], a[1]);
     }
