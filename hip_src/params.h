@@ -49,5 +49,5 @@ struct MlaDecodeParams {
     int32_t n_indices;               // paged: entries of kv_indices: no entry past it is read; 0: unknown
     int32_t head_groups;             // h_q / 16 (1, 2, 4 or 8)
     int32_t q_tokens;                // t_q: rows of q / out / lse; with qo_indptr no entry past it is used
-    int32_t pad_;                    // keeps sizeof a multiple of 8 on every ABI
+    int32_t split_max_ranges;        // > 0: most token ranges (items of a row) per sequence; 0: no cap
 };

@@ -437,10 +437,7 @@ class Decoder:
         with np.errstate(over="ignore", under="ignore"):  # _f32 rejects what does not fit
             scale_log2 = float(np.float32(self.config.sm_scale) * LOG2E)
         self._params.sm_scale_log2 = _f32(scale_log2, "sm_scale")
-        self._params.split_target = self.policy.target_items
-        self._params.split_min_tokens = self.policy.min_split_tokens
-        self._params.split_align = self.policy.align_tokens
-        self._params.fast_tile = self.policy.fast_tile
+        self._params.set_split(self.policy)
         self._params.head_groups = self.config.heads // kernels.HEADS
         self._last_key: tuple | None = None  # arguments of the last run, already resolved
         self._launch: Callable[[], None] | None = None  # the launch _last_key was built for

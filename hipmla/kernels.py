@@ -89,8 +89,16 @@ class DecodeParams(ctypes.Structure):
         ("n_indices", ctypes.c_int32),  # 0: unknown
         ("head_groups", ctypes.c_int32),  # h_q / 16
         ("q_tokens", ctypes.c_int32),  # t_q
-        ("pad_", ctypes.c_int32),
+        ("split_max_ranges", ctypes.c_int32),  # 0: no cap
     ]
+
+    def set_split(self, policy) -> None:
+        """The split fields from a hipmla.schedule.SplitPolicy (the one place they are copied)."""
+        self.split_target = policy.target_items
+        self.split_min_tokens = policy.min_split_tokens
+        self.split_align = policy.align_tokens
+        self.fast_tile = policy.fast_tile
+        self.split_max_ranges = policy.max_ranges
 
 
 @dataclass(frozen=True)

@@ -33,6 +33,10 @@ DEFAULT_MIN_SPLIT_TOKENS = 256
 #: Split boundaries fall on multiples of this, so every item but a sequence's last one
 #: is made of whole kernel tiles (the fast kernels' tile is 128 tokens).
 DEFAULT_ALIGN_TOKENS = 128
+#: Most token ranges one sequence is cut in (0: no cap). The min_split_tokens floor alone
+#: lets a few long sequences get one slot per ~chunk tokens; past this many slots a row's
+#: merge costs more than the shorter items win.
+DEFAULT_MAX_RANGES = 0
 
 #: heads / 16 of the head counts a decoder may serve.
 HEAD_GROUPS = tuple(h // 16 for h in HEAD_COUNTS)
@@ -46,12 +50,16 @@ class SplitPolicy:
     min_split_tokens: int = DEFAULT_MIN_SPLIT_TOKENS
     align_tokens: int = DEFAULT_ALIGN_TOKENS
     fast_tile: int = 0  # > 0: partial last tiles become items of their own (whole-tile fast kernels)
+    max_ranges: int = DEFAULT_MAX_RANGES  # > 0: most token ranges per sequence (longer items instead)
 
     def __post_init__(self):
         for name in ("target_items", "min_split_tokens", "align_tokens"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or not 1 <= v <= INT32_MAX:
                 raise ValueError(f"{name}: expected an integer in [1, {INT32_MAX}], got {v!r}")
+        v = self.max_ranges
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or not 0 <= v <= INT32_MAX:
+            raise ValueError(f"max_ranges: expected an integer in [0, {INT32_MAX}] (0: no cap), got {v!r}")
         if self.align_tokens & (self.align_tokens - 1):
             raise ValueError(f"align_tokens: expected a power of two, got {self.align_tokens}")
         f = self.fast_tile
@@ -159,6 +167,8 @@ def schedule(seq_lens, policy: SplitPolicy, q_lens=None, head_groups: int = 1) -
     rows = nq * groups
     chunk = split_chunk(int((lens * rows).sum()), policy)
     base = np.maximum(-(-lens // chunk), 1)
+    if policy.max_ranges:
+        base = np.minimum(base, policy.max_ranges)
     units = -(-lens // align)
     last_begin = units * (base - 1) // base * align
     tail = lens % fast if fast else np.zeros_like(lens)

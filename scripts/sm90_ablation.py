@@ -5,7 +5,7 @@ which must apply exactly once, so a changed kernel makes this script fail, not l
 the decoder runs it with its self-test off. The outputs of those builds are WRONG: only
 their device time means something. Times are CUDA events, L2 flushed, median of --iters.
 
-    python3 scripts/sm90_ablation.py [--formats mxfp4,fp8] [--shapes 64x8k,256x8k,4x1k]
+    python3 scripts/sm90_ablation.py [--formats mxfp4,fp8] [--shapes 64x8k,256x8k,4x1k] [--variants full,-merge]
 
 The kernel's header quotes a run of it ("Measured").
 """
@@ -63,7 +63,7 @@ VARIANTS: dict[str, tuple[str, ...]] = {
     "-loop work": ("copies", "convert", "movmatrix", "partials", "pv", "qk_mma"),
     "-tiles -merge": ("tiles", "merge"),
 }
-SHAPES = {"4x1k": (4, 1024), "64x8k": (64, 8192), "256x8k": (256, 8192)}
+SHAPES = {"4x1k": (4, 1024), "4x8k": (4, 8192), "32x1k": (32, 1024), "64x8k": (64, 8192), "256x8k": (256, 8192)}
 
 
 def edited_source(root: Path, parts: tuple[str, ...]) -> None:
@@ -82,7 +82,9 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--formats", default="mxfp4,fp8")
     ap.add_argument("--shapes", default="64x8k,256x8k,4x1k")
     ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated names of VARIANTS")
     args = ap.parse_args(argv)
+    variants = {name: VARIANTS[name] for name in args.variants.split(",")}
     formats = args.formats.split(",")
     shapes = {name: SHAPES[name] for name in args.shapes.split(",")}
     info = runtime.device_info(0)
@@ -92,7 +94,7 @@ def main(argv: list[str]) -> int:
     rng = np.random.default_rng(0)
     with tempfile.TemporaryDirectory() as tmp:
         trees = {}
-        for name, parts in VARIANTS.items():
+        for name, parts in variants.items():
             root = Path(tmp) / f"v{len(trees)}"
             shutil.copytree(original, root)
             edited_source(root, parts)

@@ -22,6 +22,7 @@ tests/test_sm90.py's GPU test launches.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -61,10 +62,7 @@ class Sm90Kernel:
         p = self.params = kernels.DecodeParams()
         p.part_acc, p.part_ml, p.counters = self.scratch.ptr, self.scratch.ptr + acc, self.scratch.ptr + acc + ml
         p.sm_scale_log2 = float(np.float32(np.float32(sm_scale) * LOG2E))
-        p.split_target = self.policy.target_items
-        p.split_min_tokens = self.policy.min_split_tokens
-        p.split_align = self.policy.align_tokens
-        p.fast_tile = 0
+        p.set_split(dataclasses.replace(self.policy, fast_tile=0))
         self.max_batch = max_batch
 
     def bind(self, dev: dict, batch: int, page_size: int, fp8_scale: float | None, lse_ptr: int, out_ptr: int):

@@ -7,7 +7,7 @@ the decoder's own kernel with each policy on the same buffers (CUDA events, L2 f
 median of --iters) so the trade-off is measured, not guessed.
 
     python3 scripts/split_policy_sweep.py [--formats mxfp4,fp8] [--shapes 4x1k,4x8k,...]
-        [--policies 2:256,2:128,4:128]   (items_per_cu:min_split_tokens)
+        [--policies 2:256,2:128:16,4:128]   (items_per_cu:min_split_tokens[:max_ranges[:align]])
 """
 from __future__ import annotations
 
@@ -46,8 +46,8 @@ def main(argv: list[str]) -> int:
     info = runtime.device_info(0)
     timer = Timer(info.l2_bytes)
     print(f"{info.name}: read {read_gbs() or float('nan'):.0f} GB/s; us, L2 flushed, median of {args.iters}; "
-          f"policy = items_per_cu:min_split_tokens (items, slots per row)")
-    print(f"{'kv':>6} {'shape':>7} " + " ".join(f"{f'{a}:{m}':>22}" for a, m in policies))
+          f"policy = items_per_cu:min_split_tokens[:max_ranges[:align]] (items, slots per row)")
+    print(f"{'kv':>6} {'shape':>7} " + " ".join(f"{':'.join(map(str, pol)):>22}" for pol in policies))
     rng = np.random.default_rng(0)
     for fmt in args.formats.split(","):
         kv = random_cache(max(b * n for b, n in shapes.values()), fmt, rng)
@@ -55,15 +55,15 @@ def main(argv: list[str]) -> int:
             layout = KvLayout.contiguous(np.full(b, n))
             _, bufs, extra = device_step(kv, layout, rng)
             cells = []
-            for items_per_cu, min_tokens in policies:
+            for items_per_cu, min_tokens, *rest in policies:
                 dec = Decoder(fmt, BENCH_SM_SCALE, max_batch=1)
                 policy = dataclasses.replace(SplitPolicy.for_device(info.num_cus, dec.policy.fast_tile, items_per_cu),
-                                             min_split_tokens=min_tokens)
+                                             min_split_tokens=min_tokens, max_ranges=rest[0] if rest else 0,
+                                             align_tokens=rest[1] if len(rest) > 1 else dec.policy.align_tokens)
                 # The scratch (reserve) and the launch are sized from dec.policy: set it
                 # first, then grow from one row to b, so the slots follow this policy.
                 dec.policy = policy
-                dec._params.split_target = policy.target_items
-                dec._params.split_min_tokens = policy.min_split_tokens
+                dec._params.set_split(policy)
                 dec.reserve(b)
                 sched = schedule(np.full(b, n), policy)
                 t = statistics.median(timer.time(lambda: dec.run(**bufs, **extra), args.iters, flush=True))

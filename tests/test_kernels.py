@@ -434,12 +434,11 @@ def run_on_host(host_kernels, q, kv: KVCache, layout: KvLayout, policy: SplitPol
         kv_fp8_scale=kv.fp8_scale if kv.format == "fp8" else 1.0,
         stride_kv_scale=kv.scales.shape[1] if kv.scales is not None else 0,
         batch=batch, page_shift=layout.page_size.bit_length() - 1,
-        split_target=policy.target_items, split_min_tokens=policy.min_split_tokens,
-        split_align=policy.align_tokens, fast_tile=policy.fast_tile,
         errors=_ptr(errors), kv_rows=kv.rows,
         n_indices=0 if indices is None or getattr(layout, "unbounded", False) else indices.shape[0],
         head_groups=heads // 16, q_tokens=t_q,
     )
+    p.set_split(policy)
     host_kernels(spec or split_kernel(kv.format, q_precision), arch)(p, grid_decode(grid)[0], 256)
     del keep
     return out.view(ml_dtypes.bfloat16).astype(np.float32), lse, counters

@@ -8,6 +8,7 @@ on the CPU (tests/host_harness.py) block by block and must give the model's item
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import shutil
 import subprocess
 
@@ -35,7 +36,13 @@ def _check_invariants(lens: np.ndarray, policy: SplitPolicy) -> None:
         assert s.begin[items[0]] == 0 and s.end[items[-1]] == n
         assert (s.begin[items[1:]] == s.end[items[:-1]]).all()  # a partition in token order
         assert ((s.end[items] > s.begin[items]) | (n == 0)).all()
-        assert (s.end[items] - s.begin[items] <= s.chunk).all()
+        if policy.max_ranges:
+            assert items.size <= policy.max_ranges + (1 if policy.fast_tile else 0)
+        longest = s.chunk  # a capped sequence: its align units shared among max_ranges ranges
+        if policy.max_ranges:
+            units = -(-int(n) // policy.align_tokens)
+            longest = max(longest, -(-units // policy.max_ranges) * policy.align_tokens)
+        assert (s.end[items] - s.begin[items] <= longest).all()
         assert (s.begin[items] % policy.align_tokens == 0).all() or policy.fast_tile
         if policy.fast_tile:
             length = s.end[items] - s.begin[items]
@@ -44,11 +51,26 @@ def _check_invariants(lens: np.ndarray, policy: SplitPolicy) -> None:
 
 
 @pytest.mark.parametrize("fast_tile", [0, 128])
-def test_schedule_partitions_every_ragged_batch(fast_tile):
-    rng = np.random.default_rng(fast_tile)
+@pytest.mark.parametrize("max_ranges", [0, 1, 16])
+def test_schedule_partitions_every_ragged_batch(fast_tile, max_ranges):
+    rng = np.random.default_rng(fast_tile + max_ranges)
     for _ in range(60):
         lens = random_seq_lens(rng, max_batch=300, max_len=20000)
-        _check_invariants(lens, SplitPolicy.for_device(int(rng.integers(1, 300)), fast_tile=fast_tile))
+        policy = SplitPolicy.for_device(int(rng.integers(1, 300)), fast_tile=fast_tile)
+        _check_invariants(lens, dataclasses.replace(policy, min_split_tokens=int(rng.choice([128, 256])),
+                                                    max_ranges=max_ranges))
+
+
+def test_max_ranges_caps_the_slots_of_a_row():
+    # 4 x 8k on 132 CUs with a 128-token floor: 64 ranges a sequence, or 16 longer ones.
+    policy = SplitPolicy(target_items=264, min_split_tokens=128)
+    assert np.bincount(schedule([8192] * 4, policy).seq).tolist() == [64] * 4
+    capped = dataclasses.replace(policy, max_ranges=16)
+    s = schedule([8192] * 4 + [100], capped)
+    assert np.bincount(s.seq).tolist() == [16] * 4 + [1]
+    assert set((s.end - s.begin)[s.seq < 4].tolist()) == {512}
+    # Short sequences keep the finer split: 4 x 1k gets 8 ranges of 128 either way.
+    assert np.bincount(schedule([1024] * 4, capped).seq).tolist() == [8] * 4
 
 
 def test_schedule_balances_long_sequences():
@@ -80,6 +102,8 @@ def test_split_chunk():
     (dict(target_items=4, fast_tile=256), "fast_tile"),
     (dict(target_items=4, min_split_tokens=2**31), "min_split_tokens"),
     (dict(target_items=True), "target_items"),
+    (dict(target_items=4, max_ranges=-1), "max_ranges"),
+    (dict(target_items=4, max_ranges=1.5), "max_ranges"),
 ])
 def test_bad_policies_name_themselves(kwargs, name):
     with pytest.raises(ValueError, match=name):
@@ -156,9 +180,8 @@ def _device_items(dump, layout: KvLayout, policy: SplitPolicy, qo=None, groups: 
                      kv_last_page_len=None if last is None else last.ctypes.data,
                      qo_indptr=None if qo32 is None else qo32.ctypes.data,
                      batch=layout.batch, page_shift=layout.page_size.bit_length() - 1,
-                     split_target=policy.target_items, split_min_tokens=policy.min_split_tokens,
-                     split_align=policy.align_tokens, fast_tile=policy.fast_tile,
                      head_groups=groups, q_tokens=t_q)
+    p.set_split(policy)
     dump(p, grid, out.ctypes.data)
     return out
 
@@ -171,6 +194,7 @@ def test_device_schedule_equals_the_host_model(dump, seed):
     page_size = [1, 16, 64, 128][seed]
     layout = random_page_table(lens, page_size, rng, spare_pages=5) if seed % 2 else KvLayout.contiguous(lens)
     policy = SplitPolicy.for_device(int(rng.integers(1, 140)), fast_tile=128 if seed >= 2 else 0)
+    policy = dataclasses.replace(policy, min_split_tokens=128, max_ranges=[0, 3, 16, 5][seed])
     got = _device_items(dump, layout, policy)
     s = schedule(lens, policy)
     want = np.stack([s.seq, s.begin, s.end, np.arange(s.size), s.first_slot, s.n_items, s.row, s.slot_stride],

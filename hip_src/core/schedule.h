@@ -9,8 +9,9 @@
 //   rows_s = n_s x head_groups: sequence s's rows (16 heads of one of its n_s query tokens)
 //   total  = sum over s of len_s x rows_s (the work, in token-rows)
 //   chunk  = round_up(max(ceil(total / split_target), split_min_tokens), split_align)
-//   k_s    = max(ceil(len_s / chunk), 1) token ranges of sequence s, cut on split_align
-//            units as evenly as possible: range k = units [floor(U k / k_s),
+//   k_s    = max(ceil(len_s / chunk), 1) token ranges of sequence s, at most
+//            split_max_ranges of them when that is > 0 (longer items instead: a row's
+//            merge grows with its slots), cut on split_align units as evenly as possible: range k = units [floor(U k / k_s),
 //            floor(U (k+1) / k_s)) with U = ceil(len_s / split_align), clamped to len_s;
 //   fast_tile > 0: a last range with whole fast tiles and a remainder becomes two ranges
 //            (the whole tiles, then the remainder), so every range is either whole tiles
@@ -101,14 +102,15 @@ HIPMLA_DEVICE long long block_exclusive_scan(long long v, ScheduleSmem<THREADS>&
 // Items of a sequence of `len` tokens, and the token range of its item k.
 struct SeqSplit {
     long long chunk;
-    int align, fast_tile;
+    int align, fast_tile, max_ranges;
 
     HIPMLA_DEVICE int base_items(int len) const {
         // 0 <= len and 1 <= chunk <= INT32_MAX (schedule_item clamps it: a chunk of at least
         // len_s is one item either way), so the sum fits 32 bits unsigned: every thread runs
         // this for its sequences, and a 32-bit division is a fraction of a 64-bit one.
         // (len < 0 cannot come from seq_extent; it would be one item here, as before.)
-        const unsigned n = len > 0 ? (unsigned(len) + unsigned(chunk) - 1u) / unsigned(chunk) : 0u;
+        unsigned n = len > 0 ? (unsigned(len) + unsigned(chunk) - 1u) / unsigned(chunk) : 0u;
+        if (max_ranges > 0 && n > unsigned(max_ranges)) n = unsigned(max_ranges);
         return n > 1 ? int(n) : 1;
     }
     HIPMLA_DEVICE bool tail_item(int len) const {
@@ -163,7 +165,7 @@ HIPMLA_DEVICE WorkItem schedule_item(const MlaDecodeParams& p, int block, Schedu
     long long chunk = (total + p.split_target - 1) / p.split_target;
     chunk = chunk > p.split_min_tokens ? chunk : p.split_min_tokens;
     chunk = (chunk + p.split_align - 1) / p.split_align * p.split_align;
-    const SeqSplit split{chunk < 0x7fffffffLL ? chunk : 0x7fffffffLL, p.split_align, p.fast_tile};
+    const SeqSplit split{chunk < 0x7fffffffLL ? chunk : 0x7fffffffLL, p.split_align, p.fast_tile, p.split_max_ranges};
 
     long long count = 0;
     for (int s = s0; s < s1; ++s) count += (long long)split.items(seq_extent(p, s).tokens) * seq_query(p, s).n * groups;
