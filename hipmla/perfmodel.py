@@ -41,7 +41,7 @@ import argparse
 import math
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
@@ -303,12 +303,17 @@ class Placement:
 
 
 @lru_cache(maxsize=512)
-def place(num_cus: int, blocks_per_cu: int, tile_tokens: int, batch: int, kv_len: int) -> Placement:
+def place(num_cus: int, blocks_per_cu: int, tile_tokens: int, batch: int, kv_len: int,
+          split: tuple[int, int] | None = None) -> Placement:
     """Items from the device schedule (hipmla.schedule, the decoder's policy on every
-    device: SplitPolicy.for_device(num_cus)), dealt longest first to the least loaded block
+    device: SplitPolicy.for_device(num_cus), or with ``split`` = (min_split_tokens,
+    max_ranges) instead of its defaults), dealt longest first to the least loaded block
     slot; slot s sits on CU s mod num_cus (the dispatcher fills every CU once before it
     puts a second block on any). A partial last tile costs a whole one."""
-    items = schedule([kv_len] * batch, SplitPolicy.for_device(num_cus))
+    policy = SplitPolicy.for_device(num_cus)
+    if split is not None:
+        policy = replace(policy, min_split_tokens=split[0], max_ranges=split[1])
+    items = schedule([kv_len] * batch, policy)
     length = (items.end - items.begin).astype(np.int64)
     tiles = -(-length // tile_tokens)
     n_slots = num_cus * blocks_per_cu
@@ -450,10 +455,12 @@ class Prediction:
         return range_sum(self.launch_us, self.prologue_us, self.merge_us)
 
 
-def predict(kernel: KernelModel, batch: int, kv_len: int, cal: Calibration = ROOFLINE) -> Prediction:
-    """The model (module docstring) for ``batch`` sequences of ``kv_len`` tokens."""
+def predict(kernel: KernelModel, batch: int, kv_len: int, cal: Calibration = ROOFLINE,
+            split: tuple[int, int] | None = None) -> Prediction:
+    """The model (module docstring) for ``batch`` sequences of ``kv_len`` tokens, split by
+    the decoder's policy (or ``split``: see :func:`place`)."""
     dev = kernel.device
-    p = place(dev.num_cus, kernel.blocks_per_cu, kernel.tile_tokens, batch, kv_len)
+    p = place(dev.num_cus, kernel.blocks_per_cu, kernel.tile_tokens, batch, kv_len, split)
     nbytes = bytes_moved(kernel, batch, kv_len, p.split_items)
     terms = {
         "hbm": hbm_time(nbytes, dev, cal),
@@ -483,6 +490,7 @@ class Measurements:
     script: str
     method: str
     points: tuple[tuple[str, int, int, float], ...]  # (kv_format, batch, kv_len, µs)
+    split: tuple[int, int]  # (min_split_tokens, max_ranges) of the policy the run used
 
 
 #: The calibration data: the sm_90 kernel alone (p.fast_tile = 0), contiguous rows, bf16 Q.
@@ -503,7 +511,8 @@ H200_MEASURED = Measurements(
         ("mxfp4",    32,  8192, 105.9),
         ("mxfp4",    64,  8192, 162.9),
         ("mxfp4",   256,  8192, 541.2),
-    ))
+    ),
+    split=(256, 0))  # the policy before the 16-range cap
 
 #: Where the fit looks (a factor that ends on a bound is reported as such).
 FIT_BOUNDS = {"issue_efficiency": (0.05, 1.0), "stream_efficiency": (0.3, 1.0), "launch_us": (0.0, 60.0)}
@@ -515,7 +524,7 @@ CALIBRATION_TOLERANCE = 1.2
 
 def log_residuals(cal: Calibration, data: Measurements = H200_MEASURED) -> list[float]:
     """ln(measured / predicted middle) per measured point."""
-    return [math.log(t / predict(sm90_kernel(fmt), b, n, cal).total_us.mid) for fmt, b, n, t in data.points]
+    return [math.log(t / predict(sm90_kernel(fmt), b, n, cal, data.split).total_us.mid) for fmt, b, n, t in data.points]
 
 
 def _log_sse(lows: Sequence[float], highs: Sequence[float], measured: Sequence[float], launch: float) -> float:
@@ -552,7 +561,8 @@ def fit_calibration(data: Measurements = H200_MEASURED) -> Calibration:
         axes = [[lo + (hi - lo) * i / (FIT_GRID - 1) for i in range(FIT_GRID)] for lo, hi in box]
         for e in axes[0]:
             for eta in axes[1]:
-                ranges = [predict(sm90_kernel(fmt), b, n, Calibration(e, eta, 0.0)).total_us for fmt, b, n, _ in points]
+                ranges = [predict(sm90_kernel(fmt), b, n, Calibration(e, eta, 0.0), data.split).total_us
+                          for fmt, b, n, _ in points]
                 lows, highs = [r.low for r in ranges], [r.high for r in ranges]
                 launch = best_launch(lows, highs, measured)
                 sse = _log_sse(lows, highs, measured, launch)
@@ -640,7 +650,7 @@ def format_measured(cal: Calibration, data: Measurements = H200_MEASURED) -> str
     lines = [f"sm_90 kernel on the {data.device}: predicted (calibrated) vs measured, us",
              "  kv     shape       predicted low .. high    mid  measured  meas/mid  in range  bound"]
     for fmt, b, n, t in data.points:
-        p = predict(sm90_kernel(fmt), b, n, cal)
+        p = predict(sm90_kernel(fmt), b, n, cal, data.split)
         inside = "yes" if p.total_us.low <= t <= p.total_us.high else "no"
         lines.append(f"  {fmt:<6} {_shape(b, n)}   {_r(p.total_us)}  {p.total_us.mid:6.1f}  {t:8.1f}  "
                      f"{t / p.total_us.mid:8.3f}  {inside:>8}  {p.bound}")

@@ -29,14 +29,20 @@ from hipmla.queries import HEAD_COUNTS
 #: enough that the merge stays cheap.
 DEFAULT_ITEMS_PER_CU = 2
 #: A split shorter than this costs more in partial traffic than it wins in parallelism.
-DEFAULT_MIN_SPLIT_TOKENS = 256
+#: 128 with the 16-range cap below, against 256 with none: 4x1k 24.5 -> 21.0 us, 4x2k
+#: 25.7 -> 23.7, 4x8k 44.4 -> 38.1, 32x1k 34.3 -> 29.9, 64x1k 37.2 -> 37.1 (mxfp4; fp8
+#: and bf16 alike; H200, scripts/split_policy_sweep.py,
+#: scripts/results/h200-2026-12-01-split-policy-sweep-cap.txt).
+DEFAULT_MIN_SPLIT_TOKENS = 128
 #: Split boundaries fall on multiples of this, so every item but a sequence's last one
 #: is made of whole kernel tiles (the fast kernels' tile is 128 tokens).
 DEFAULT_ALIGN_TOKENS = 128
 #: Most token ranges one sequence is cut in (0: no cap). The min_split_tokens floor alone
-#: lets a few long sequences get one slot per ~chunk tokens; past this many slots a row's
-#: merge costs more than the shorter items win.
-DEFAULT_MAX_RANGES = 0
+#: gives a few long sequences one slot per ~chunk tokens; past this many slots a row's
+#: merge (one block reads every slot) costs more than the shorter items win: 4x8k with
+#: 32 slots a row spends 15.6 of its 44 us merging, 16 longer ones take 38.1 us in all
+#: and 8 take 53.9 (the GPU half idle).
+DEFAULT_MAX_RANGES = 16
 
 #: heads / 16 of the head counts a decoder may serve.
 HEAD_GROUPS = tuple(h // 16 for h in HEAD_COUNTS)

@@ -103,9 +103,17 @@ def test_sm90_issue_is_warps_times_instructions_over_schedulers():
 
 
 def test_a_small_batch_is_bound_by_its_items_not_by_bandwidth():
+    # 4 x 1k in 16 items of 256 tokens (a 256-token floor): a few long chains, not bandwidth.
     for k in all_kernels():
-        p = pm.predict(k, 4, 1024)
+        p = pm.predict(k, 4, 1024, split=(256, 0))
         assert p.issue_us.low > p.hbm_us.high, k.name
+
+
+def test_the_split_policy_moves_the_prediction():
+    # The decoder's 128-token floor cuts 4 x 1k in 32 items: half the busiest CU's tiles.
+    k = pm.sm90_kernel("mxfp4")
+    coarse, fine = pm.predict(k, 4, 1024, split=(256, 0)), pm.predict(k, 4, 1024)
+    assert fine.issue_us.low == pytest.approx(coarse.issue_us.low / 2, rel=0.05)
 
 
 def test_resident_blocks_share_the_cu():
@@ -139,8 +147,8 @@ def test_latency_bound_is_bytes_over_what_the_cus_sustain():
         assert end == pytest.approx(kv_bytes / (132 * in_flight / latency) * 1e6)
     assert pm.sustained_bytes_per_s(k, 2, 700e-9) == pytest.approx(in_flight / 700e-9)
     # a lone block has only its own ring in flight: per tile latency / stages
-    lone = pm.predict(k, 4, 1024)  # 16 items of 256 tokens, one per SM
-    assert lone.latency_us.low == pytest.approx(8 * 600e-9 / 2 * 1e6)
+    lone = pm.predict(k, 4, 1024)  # 32 items of 128 tokens, one per SM
+    assert lone.latency_us.low == pytest.approx(4 * 600e-9 / 2 * 1e6)
 
 
 def test_more_latency_raises_the_latency_bound():
@@ -160,8 +168,9 @@ def test_merge_grows_with_slots_and_vanishes_without_a_split():
         assert b.low > a.low and b.high > a.high
     # 1 round trip a slot at the low latency .. 2 at the high, plus the release and the atomic
     assert pm.merge_time(dev, 4) == pytest.approx(((2 + 4) * 150e-9, (2 + 8) * 300e-9))
-    # in a prediction: 32 x 8k splits each sequence in 8 slots, 4 x 1k in 4
-    assert pm.predict(pm.sm90_kernel("bf16"), 32, 8192).merge_us.low > pm.predict(pm.sm90_kernel("bf16"), 4, 1024).merge_us.low
+    # in a prediction: 32 x 8k splits each sequence in 8 slots, 4 x 1k in 4 (256-token floor)
+    k = pm.sm90_kernel("bf16")
+    assert pm.predict(k, 32, 8192).merge_us.low > pm.predict(k, 4, 1024, split=(256, 0)).merge_us.low
 
 
 def test_prologue_is_one_item_at_best_and_every_item_of_a_slot_at_worst():

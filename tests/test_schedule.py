@@ -63,7 +63,7 @@ def test_schedule_partitions_every_ragged_batch(fast_tile, max_ranges):
 
 def test_max_ranges_caps_the_slots_of_a_row():
     # 4 x 8k on 132 CUs with a 128-token floor: 64 ranges a sequence, or 16 longer ones.
-    policy = SplitPolicy(target_items=264, min_split_tokens=128)
+    policy = SplitPolicy(target_items=264, min_split_tokens=128, max_ranges=0)
     assert np.bincount(schedule([8192] * 4, policy).seq).tolist() == [64] * 4
     capped = dataclasses.replace(policy, max_ranges=16)
     s = schedule([8192] * 4 + [100], capped)
@@ -76,10 +76,12 @@ def test_max_ranges_caps_the_slots_of_a_row():
 def test_schedule_balances_long_sequences():
     policy = SplitPolicy.for_device(132)
     s = schedule([8192] * 4, policy)
-    assert s.size == 4 * 8192 // s.chunk and s.chunk == 256  # 264 target items, 256-token floor
+    assert s.chunk == 128 and s.size == 4 * 16  # 264 target items, 128-token floor, 16 ranges a sequence
     s = schedule([100, 20000], policy)
     per_seq = np.bincount(s.seq)
-    assert per_seq[0] == 1 and per_seq[1] > 30  # the longest sequence gets the splits
+    assert per_seq[0] == 1 and per_seq[1] == 16  # the longest sequence gets the splits, up to the cap
+    per_seq = np.bincount(schedule([100, 20000], dataclasses.replace(policy, max_ranges=0)).seq)
+    assert per_seq[1] > 30
 
 
 def test_fast_tile_cuts_the_partial_last_tile():
