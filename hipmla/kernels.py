@@ -269,11 +269,11 @@ def sm90_shared_bytes(kv_format: str) -> int:
     row_stride = row_bytes + 16 if kv_format == "bf16" else row_bytes
     stages = {"bf16": 2, "fp8": 4, "mxfp4": 6}[kv_format]
     mult = tile * scales * 4 if kv_format == "mxfp4" else 16
-    stage = -(-(tile * row_stride + mult) // 16) * 16
+    stage = -(-(tile * row_stride + mult) // 128) * 128  # stages on 128-byte lines
     red = warps * heads * 40 * 4  # larger than the schedule's scan, which shares it
     pfrag = (tile // 16) * 32 * 4 * 4
     tail = 2 * heads * 4 + 10 * 4 + 4  # alpha, l, the work item (10 ints), the arrive flag
-    return -(-(stages * stage + red + pfrag + tail) // 16) * 16
+    return -(-(stages * stage + red + pfrag + tail) // 128) * 128
 
 
 def sm90_split_kernel(kv_format: str) -> KernelSpec:

@@ -31,7 +31,7 @@ from hipmla.paging import KvLayout  # noqa: E402
 
 KERNEL = "decode/split_sm90.hip"
 
-# name -> [(old, new)] on the kernel's source. "copies" keeps the commits, so the ring's
+# name -> [(old, new)] on the kernel's source, or [(file under hip_src, old, new)]. "copies" keeps the commits, so the ring's
 # waits still count groups; the other loop edits keep every load whose result they use.
 PARTS: dict[str, list[tuple[str, str]]] = {
     "copies": [("""        if (MXFP4) store_scales(tile + STAGES - 1);
@@ -56,25 +56,51 @@ PARTS: dict[str, list[tuple[str, str]]] = {
         block_sync();""", "        if (EARLY_WAIT) cp_async_wait<STAGES - 2>();")],
     "tiles": [("const int n_tiles = (n + TILE - 1) / TILE;", "const int n_tiles = 0;")],
     "merge": [("if (slot >= 0 && arrive_last(p, done, &sm.last))", "if (false && slot >= 0 && arrive_last(p, done, &sm.last))")],
+    # Not removals: the copies as before they were rotated onto whole shared-memory lines,
+    "unrotated": [("constexpr bool ROTATE = !MXFP4;", "constexpr bool ROTATE = false;")],
+    # the release / acquire fences by thread 0 alone, around the block barrier
+    # (its outputs stay right; the question is whether 255 fewer fences shorten the merge).
+    "fence0": [("core/merge.h", """    fence_release_device();
+    block_sync();
+    if (thread_index() == 0) {
+        const bool last = atomic_add_device(p.counters + it.row, 1) == it.n_items - 1;
+        if (last) atomic_store_device(p.counters + it.row, 0);
+        *flag = last ? 1 : 0;
+    }
+    block_sync();
+    const bool last = *flag != 0;
+    if (last) fence_acquire_device();
+    return last;""", """    block_sync();
+    if (thread_index() == 0) {
+        fence_release_device();
+        const bool last = atomic_add_device(p.counters + it.row, 1) == it.n_items - 1;
+        if (last) atomic_store_device(p.counters + it.row, 0);
+        if (last) fence_acquire_device();
+        *flag = last ? 1 : 0;
+    }
+    block_sync();
+    return *flag != 0;""")],
 }
 VARIANTS: dict[str, tuple[str, ...]] = {
     "full": (),
     **{f"-{name}": (name,) for name in PARTS},
     "-loop work": ("copies", "convert", "movmatrix", "partials", "pv", "qk_mma"),
     "-tiles -merge": ("tiles", "merge"),
+    "fence0": ("fence0",),
+    "unrotated": ("unrotated",),
 }
 SHAPES = {"4x1k": (4, 1024), "4x8k": (4, 8192), "32x1k": (32, 1024), "64x8k": (64, 8192), "256x8k": (256, 8192)}
 
 
 def edited_source(root: Path, parts: tuple[str, ...]) -> None:
-    path = root / KERNEL
-    text = path.read_text()
     for part in parts:
-        for old, new in PARTS[part]:
+        for edit in PARTS[part]:
+            file, old, new = edit if len(edit) == 3 else (KERNEL, *edit)
+            path = root / file
+            text = path.read_text()
             if text.count(old) != 1:
-                raise SystemExit(f"{part}: the edit no longer matches {KERNEL} exactly once; update PARTS")
-            text = text.replace(old, new)
-    path.write_text(text)
+                raise SystemExit(f"{part}: the edit no longer matches {file} exactly once; update PARTS")
+            path.write_text(text.replace(old, new))
 
 
 def main(argv: list[str]) -> int:

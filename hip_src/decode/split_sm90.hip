@@ -41,8 +41,13 @@
 // Copies: a ring of STAGES tiles (bf16 2, fp8 4, mxfp4 6) filled by cp.async.cg (16 B, with
 // zero fill for rows past the item) one ring ahead: tile + STAGES is issued right after the
 // softmax -> P.V barrier of tile, in the same straight code as tile's P.V (issued at the top
-// of the next tile instead, the two ran one after the other). Thread (row tid / 8, chunk
-// tid % 8 + 8k) reads one page-table entry per tile through kv_rows().row(). MXFP4 E8M0 bytes are read
+// of the next tile instead, the two ran one after the other). Thread (row tid / 8, chunks
+// lead + tid % 8 + 8k mod CHUNKS, lead = the row's first chunk on a 128-byte line: each copy
+// instruction writes whole lines, see issue_tile) reads one page-table entry per tile
+// through kv_rows().row(). Stages start on lines too. On the H200 (fp8, 64 x 8k / 256 x 8k,
+// L2 flushed) the two took the tile's copies from ~12 shared-memory wavefronts per copy
+// instruction to 4 and the kernel from 144.6 / 458.8 us (aligned stages alone: 131.2 /
+// 458.8) to 125.5 / 440.3 us; bf16 and mxfp4 unchanged. MXFP4 E8M0 bytes are read
 // with plain loads one ring ahead and stored as bf16x2 multipliers one tile later (a whole
 // tile of math hides their latency; the prologue has all its tiles' bytes in flight at once).
 // Barriers per tile: fp8 / mxfp4 (EARLY_WAIT) 2 -- the wait for tile + 1 sits before the
@@ -78,10 +83,10 @@
 // (256, 2) -- two blocks, 16 warps per SM.
 //
 // Budget (nvcc 13.0 / ptxas, sm_90): registers <= 128 in every format (the cap of 2 blocks
-// per SM), no stack, no spills; dynamic shared memory 96,464 / 95,472 / 90,800 B. Tile loop in
+// per SM), no stack, no spills; dynamic shared memory 96,768 / 96,000 / 90,880 B. Tile loop in
 // SASS, per warp per 32-token tile that keeps the running max (the 32-FMUL rescale, usually
-// skipped, included; a tile that raises it runs 19 more, the max chain): bf16 260, fp8 410,
-// mxfp4 498 instructions, i.e. x 8 warps / 32 tokens = 65 / 103 / 125 warp-instructions per
+// skipped, included; a tile that raises it runs 19 more, the max chain): bf16 260, fp8 417,
+// mxfp4 498 instructions, i.e. x 8 warps / 32 tokens = 65 / 104 / 125 warp-instructions per
 // token, of which 9 HMMA + 8 MOVM; mxfp4's K dequantization (72 shifts, ~56 of the 80 lop3,
 // 36 bf16x2 multiplies) is ~185 of the 498.
 // Measured on the H200 (2026-12-01, Nsight Compute, mxfp4 64 x 8k, 156 us, before the Q / O
@@ -153,6 +158,9 @@ constexpr int ROW_BYTES = D_QK * BITS / 8;
 // conflict-free for this kernel's loads.
 constexpr int ROW_STRIDE = KV == FORMAT_BF16 ? ROW_BYTES + 16 : ROW_BYTES;
 constexpr int CHUNKS = ROW_BYTES / 16;
+constexpr int LINE = 128;                           // bytes of a shared-memory wavefront
+constexpr bool ROTATE = !MXFP4;                     // copies rotated onto whole lines (issue_tile)
+constexpr int NO_WRAP = (CHUNKS - 15 + 7) / 8;      // copies c with 8 c + 15 <= CHUNKS
 constexpr int SCALES = D_QK / MX_BLOCK;             // 18 E8M0 per row
 constexpr int STAGES = KV == FORMAT_BF16 ? 2 : FP8 ? 4 : 6;
 // With 4+ stages the wait for tile + 1 moves to the barrier before P.V (2 barriers a tile);
@@ -180,14 +188,16 @@ HIPMLA_DEVICE constexpr int dim_offset(int kk, int r) {
 }
 HIPMLA_DEVICE int dim_of(int w, int t, int kk, int r, int e) { return V_DIMS * w + 16 * t + dim_offset(kk, r) + DIM_STEP * e; }
 
-struct alignas(16) Stage {
-    alignas(16) unsigned char kv[TILE * ROW_STRIDE];
+// Stages start on 128-byte lines (the dynamic shared memory of a block does: it follows the
+// driver's 1 KiB), so the copies' line alignment below is the same in every stage.
+struct alignas(128) Stage {
+    alignas(128) unsigned char kv[TILE * ROW_STRIDE];
     unsigned mult[MXFP4 ? TILE * SCALES : 4];        // mxfp4: bf16x2 2^(s - 65) per (row, block)
 };
 
 constexpr int OUT_STRIDE = D_V + 4;  // f32 per head row of the output stage: 2-way bank conflicts, 16-byte rows
 
-struct alignas(16) Smem {
+struct alignas(128) Smem {
     union {
         Stage stage[STAGES];
         float out[HEADS][OUT_STRIDE];                 // after the last tile: O, for coalesced stores
@@ -256,8 +266,19 @@ extern "C" __global__ void __launch_bounds__(hipmla::sm90k::THREADS, 2) HIPMLA_S
         for (int i = tid; i < HEADS * D_QK / 8; i += THREADS) cp_async_16(smem_address(sm.x.q + 8 * i), qg + 8 * i, 16u);
         cp_async_commit();
     }
-    // Producer role: row prow of every tile, chunks psub + 8k, E8M0 bytes psub + 8k.
+    // Producer role: row prow of every tile, E8M0 bytes psub + 8k, and 16-byte chunks
+    // (lead + psub + 8c) mod CHUNKS of the row, c = 0, 1, ...: the row's 8 threads write one
+    // 128-byte line of shared memory per copy instruction, never a line and a half. lead is
+    // the row's first chunk on a line (fp8 rows are 4.5 lines long, so odd rows begin
+    // mid-line: copied from chunk 0, each of their copies wrote two lines, and on the H200 a
+    // tile's copies took 3x the shared-memory wavefronts of aligned ones; Nsight Compute,
+    // fp8 64x8k). mxfp4 keeps lead 0: its wrap would cost registers it does not have.
     const int prow = tid >> 3, psub = tid & 7;
+    const int first = (ROTATE ? (LINE - prow * ROW_STRIDE % LINE) % LINE / 16 : 0) + psub;  // lead + psub < 15
+    // Bytes of copy c past chunk `first`: copies c < NO_WRAP never pass the row's end.
+    auto copy_offset = [&](int c) {
+        return !ROTATE || c < NO_WRAP || first + 8 * c < CHUNKS ? 128 * c : 128 * c - 16 * CHUNKS;
+    };
     const unsigned char* kv_base = static_cast<const unsigned char*>(p.kv);
     unsigned scale_bytes[SCALE_SLOTS];
     long long scale_row = 0;
@@ -267,12 +288,12 @@ extern "C" __global__ void __launch_bounds__(hipmla::sm90k::THREADS, 2) HIPMLA_S
             const bool valid = tok < n;
             const long long row = valid ? rows.row(it.begin + tok) : 0;
             scale_row = row;
-            const unsigned char* src = kv_base + row * ROW_BYTES + 16 * psub;
-            const unsigned dst = smem_address(sm.ring.stage[tile % STAGES].kv + prow * ROW_STRIDE + 16 * psub);
+            const unsigned char* src = kv_base + row * ROW_BYTES + 16 * first;
+            const unsigned dst = smem_address(sm.ring.stage[tile % STAGES].kv + prow * ROW_STRIDE + 16 * first);
             const unsigned bytes = valid ? 16u : 0u;
 #pragma unroll
-            for (int c = 0; c < CHUNKS / 8; ++c) cp_async_16(dst + 128 * c, src + 128 * c, bytes);
-            if (psub < CHUNKS % 8) cp_async_16(dst + 128 * (CHUNKS / 8), src + 128 * (CHUNKS / 8), bytes);
+            for (int c = 0; c < CHUNKS / 8; ++c) cp_async_16(dst + copy_offset(c), src + copy_offset(c), bytes);
+            if (psub < CHUNKS % 8) cp_async_16(dst + copy_offset(CHUNKS / 8), src + copy_offset(CHUNKS / 8), bytes);
         }
         cp_async_commit();
     };
