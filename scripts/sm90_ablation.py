@@ -56,6 +56,13 @@ PARTS: dict[str, list[tuple[str, str]]] = {
         block_sync();""", "        if (EARLY_WAIT) cp_async_wait<STAGES - 2>();")],
     "tiles": [("const int n_tiles = (n + TILE - 1) / TILE;", "const int n_tiles = 0;")],
     "merge": [("if (slot >= 0 && arrive_last(p, done, &sm.last))", "if (false && slot >= 0 && arrive_last(p, done, &sm.last))")],
+    # What a launch costs before any work: the kernel returns at once, or after its schedule,
+    "empty": [("    const WorkItem it = schedule_item<THREADS>(p, int(block_index()), sm.x.sched);",
+               "    if (p.batch >= 0) return;\n    const WorkItem it = schedule_item<THREADS>(p, int(block_index()), sm.x.sched);")],
+    "schedule": [("    if (it.seq < 0) return;", "    if (it.seq < 0 || p.batch >= 0) return;")],
+    # the merge's work out, its arrival (fence, atomic, counter reset) kept,
+    "merge_work": [("if (slot >= 0 && arrive_last(p, done, &sm.last)) merge_partials<THREADS>(p, done);",
+                    "if (slot >= 0 && arrive_last(p, done, &sm.last)) return;")],
     # Not removals: the copies as before they were rotated onto whole shared-memory lines,
     "unrotated": [("constexpr bool ROTATE = !MXFP4;", "constexpr bool ROTATE = false;")],
     # the release / acquire fences by thread 0 alone, around the block barrier
@@ -88,6 +95,9 @@ VARIANTS: dict[str, tuple[str, ...]] = {
     "-tiles -merge": ("tiles", "merge"),
     "fence0": ("fence0",),
     "unrotated": ("unrotated",),
+    "empty": ("empty",),
+    "schedule only": ("schedule",),
+    "-merge work": ("merge_work",),
 }
 SHAPES = {"4x1k": (4, 1024), "4x8k": (4, 8192), "32x1k": (32, 1024), "64x8k": (64, 8192), "256x8k": (256, 8192)}
 
