@@ -65,6 +65,12 @@ PARTS: dict[str, list[tuple[str, str]]] = {
                     "if (slot >= 0 && arrive_last(p, done, &sm.last)) return;")],
     # Not removals: the copies as before they were rotated onto whole shared-memory lines,
     "unrotated": [("constexpr bool ROTATE = !MXFP4;", "constexpr bool ROTATE = false;")],
+    # the schedule's scan adding its group's values in a loop to tid (a chain of loads),
+    "scan_chain": [("core/schedule.h", """#pragma unroll
+    for (int i = 0; i < SCAN_GROUP; ++i) {
+        const int j = SCAN_GROUP * group + i;
+        before += j < tid ? sm.scan[j] : 0;
+    }""", """    for (int i = SCAN_GROUP * group; i < tid; ++i) before += sm.scan[i];""")],
     # the release / acquire fences by thread 0 alone, around the block barrier
     # (its outputs stay right; the question is whether 255 fewer fences shorten the merge).
     "fence0": [("core/merge.h", """    fence_release_device();
@@ -98,6 +104,7 @@ VARIANTS: dict[str, tuple[str, ...]] = {
     "empty": ("empty",),
     "schedule only": ("schedule",),
     "-merge work": ("merge_work",),
+    "scan_chain": ("scan_chain",),
 }
 SHAPES = {"4x1k": (4, 1024), "4x8k": (4, 8192), "32x1k": (32, 1024), "64x8k": (64, 8192), "256x8k": (256, 8192)}
 

@@ -72,7 +72,7 @@ struct ScheduleSmem {
 // Two levels through shared memory, three barriers (a log-step scan takes two per step,
 // 18 at 256 threads, and each one waits for the slowest wave): one thread per group of
 // SCAN_GROUP sums its group, then every thread adds the group sums before its own and
-// the values before it in its group (at most 2 SCAN_GROUP loads, mostly broadcasts).
+// the values before it in its group (2 SCAN_GROUP loads, mostly broadcasts).
 template <int THREADS>
 HIPMLA_DEVICE long long block_exclusive_scan(long long v, ScheduleSmem<THREADS>& sm, long long& total) {
     static_assert(THREADS % SCAN_GROUP == 0, "whole scan groups");
@@ -93,7 +93,13 @@ HIPMLA_DEVICE long long block_exclusive_scan(long long v, ScheduleSmem<THREADS>&
         all += sum;
         before += k < group ? sum : 0;
     }
-    for (int i = SCAN_GROUP * group; i < tid; ++i) before += sm.scan[i];
+    // A fixed trip count, so the SCAN_GROUP loads issue together (the loop to tid was a
+    // chain of dependent shared-memory round trips, up to 15 of them).
+#pragma unroll
+    for (int i = 0; i < SCAN_GROUP; ++i) {
+        const int j = SCAN_GROUP * group + i;
+        before += j < tid ? sm.scan[j] : 0;
+    }
     total = all;
     block_sync();  // sm is free for the next scan
     return before;
