@@ -254,7 +254,7 @@ def check_kernel(spec: kernels.KernelSpec, device: int = 0, *, use_cache: bool =
     verdict = Verdict(**made, passed=result.passed, worst_error=result.worst_error,
                       lse_error=result.lse_error, message=message)
     if path is not None:
-        runtime._store(path, json.dumps({"version": VERSION, **verdict.to_json()}, indent=1).encode())
+        runtime.compiler._store(path, json.dumps({"version": VERSION, **verdict.to_json()}, indent=1).encode())
     return verdict
 
 

@@ -26,7 +26,7 @@ from hipmla import nvidia, runtime
 
 REPO = Path(__file__).resolve().parent.parent
 SOURCE_DIR = nvidia.shim_source_dir()
-RUNTIME_MODULE = REPO / "hipmla" / "runtime.py"
+RUNTIME_PACKAGE = REPO / "hipmla" / "runtime"
 MISSING_LIBCUDA = "/nonexistent/libcuda.so.1"
 
 #: What hipmla's runtime calls (keep in sync with the brief of issue 4).
@@ -98,20 +98,37 @@ def nvrtc_available() -> bool:
 needs_nvrtc = pytest.mark.skipif(not nvrtc_available(), reason="no NVRTC library found")
 
 
+def runtime_sources(package: Path = RUNTIME_PACKAGE) -> list[str]:
+    """The text of each module of the runtime package (none where it is missing)."""
+    return [path.read_text() for path in sorted(package.glob("*.py"))]
+
+
+def attributes_of(source: str):
+    """``(owner, name)`` for each ``owner.name`` in ``source``, where ``owner`` is a bare
+    name (``hip.hipInit``) or the last part of a dotted one (``runtime.hip.hipMalloc``)."""
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Attribute):
+            if isinstance(node.value, ast.Name):
+                yield node.value.id, node.attr
+            elif isinstance(node.value, ast.Attribute):
+                yield node.value.attr, node.attr
+
+
 def runtime_api_names() -> set[str]:
-    """Functions hipmla/runtime.py calls as ``hip.<name>`` / ``hiprtc.<name>``."""
-    if not RUNTIME_MODULE.is_file():
+    """Functions hipmla/runtime/ calls as ``hip.<name>`` / ``hiprtc.<name>``."""
+    sources = runtime_sources()
+    if not sources:
         return set()
     from hip import hip, hiprtc
 
     modules = {"hip": hip, "hiprtc": hiprtc}
     called = set()
-    for node in ast.walk(ast.parse(RUNTIME_MODULE.read_text())):
-        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
-            module = modules.get(node.value.id)
-            target = getattr(module, node.attr, None) if module else None
+    for source in sources:
+        for owner, name in attributes_of(source):
+            module = modules.get(owner)
+            target = getattr(module, name, None) if module else None
             if callable(target) and not isinstance(target, type):
-                called.add(node.attr)
+                called.add(name)
     return called
 
 
@@ -132,8 +149,8 @@ def test_shim_exports_every_function_hipmla_calls(shim):
                           capture_output=True, text=True, check=True)
     exported = {line.split()[-1] for line in done.stdout.splitlines() if line.strip()}
     from_runtime = runtime_api_names()
-    if RUNTIME_MODULE.is_file():
-        assert from_runtime, "found no hip./hiprtc. calls in hipmla/runtime.py"
+    if RUNTIME_PACKAGE.is_dir():
+        assert from_runtime, "found no hip./hiprtc. calls in hipmla/runtime/"
     expected = {C_SYMBOL.get(n, n) for n in (*HIP_API, *HIPRTC_API, *from_runtime)}
     assert expected - exported == set()
     assert {n for n in exported if n.startswith("cu") or n.startswith("nvrtc")} == set()
@@ -793,21 +810,20 @@ VERSIONS_SCRIPT = """
     code = bytearray(size)
     hiprtc.hiprtcGetCode(prog, code)
     print(json.dumps({"missing": missing, "dll": chip.DLL.decode(), "status": int(status),
-                      "elf": bytes(code[:4]) == b"\\x7fELF", "launcher": runtime._hip_library_path()}))
+                      "elf": bytes(code[:4]) == b"\\x7fELF", "launcher": runtime.launch._hip_library_path()}))
 """
 
 
 def _runtime_names() -> dict[str, list[str]]:
-    """Every hip-python name hipmla/runtime.py uses: functions of hip and hiprtc, the device
+    """Every hip-python name hipmla/runtime/ uses: functions of hip and hiprtc, the device
     attributes and the memcpy kinds."""
-    import ast
-
-    source = (Path(runtime.__file__)).read_text()
+    sources = runtime_sources(Path(runtime.__file__).parent)
     found: dict[str, set] = {"hip": set(), "hiprtc": set(), "names": set()}
-    for node in ast.walk(ast.parse(source)):
-        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in found:
-            found[node.value.id].add(node.attr)
-    kinds = sorted(set(re.findall(r'"(hipMemcpy\w+To\w+)"', source)))
+    for source in sources:
+        for owner, name in attributes_of(source):
+            if owner in found:
+                found[owner].add(name)
+    kinds = sorted({k for source in sources for k in re.findall(r'"(hipMemcpy\w+To\w+)"', source)})
     # functions only (hip.chip / hip.chiprtc are the library-name modules)
     return {"HIP_NAMES": sorted(n for n in found["hip"] - {"hipDeviceAttribute_t", "hipMemcpyKind", "hipError_t"}
                                 if n.startswith("hip")),

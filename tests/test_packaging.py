@@ -56,8 +56,8 @@ def test_one_version_source(project, setuptools_config):
     init = (REPO / "hipmla" / "__init__.py").read_text()
     assert re.search(r'^__version__ = "\d+\.\d+\.\d+[^"]*"$', init, re.M)
     assert hipmla.__version__
-    others = [p.name for p in (REPO / "hipmla").glob("*.py")
-              if p.name != "__init__.py" and re.search(r"^__version__\s*=", p.read_text(), re.M)]
+    others = [p.name for p in (REPO / "hipmla").rglob("*.py")
+              if p != REPO / "hipmla" / "__init__.py" and re.search(r"^__version__\s*=", p.read_text(), re.M)]
     assert others == []
 
 
@@ -128,8 +128,8 @@ _READS = [
 
 def variables_read() -> set[str]:
     found = set()
-    files = list((REPO / "hipmla").glob("*.py")) + [p for p in (REPO / "hip_src").rglob("*")
-                                                    if p.suffix in (".c", ".h", ".hip")]
+    files = list((REPO / "hipmla").rglob("*.py")) + [p for p in (REPO / "hip_src").rglob("*")
+                                                     if p.suffix in (".c", ".h", ".hip")]
     for path in files:
         text = path.read_text()
         for pattern in _READS:

@@ -304,9 +304,9 @@ def probes(monkeypatch, tmp_path):
         return state.shim
 
     monkeypatch.setattr(runtime, "_platform", None)
-    monkeypatch.setattr(runtime, "_rocm_library_found", rocm_found)
-    monkeypatch.setattr(runtime, "_nvidia_gpu_present", nvidia_present)
-    monkeypatch.setattr(runtime, "_shim_root", shim_root)
+    monkeypatch.setattr(runtime.library, "_rocm_library_found", rocm_found)
+    monkeypatch.setattr(runtime.library, "_nvidia_gpu_present", nvidia_present)
+    monkeypatch.setattr(runtime.library, "_shim_root", shim_root)
     monkeypatch.delenv("HIPMLA_PLATFORM", raising=False)
     monkeypatch.delenv("ROCM_PATH", raising=False)
     return state
@@ -380,7 +380,7 @@ def test_rocm_probe_finds_library_under_rocm_path(monkeypatch, tmp_path):
     (tmp_path / "lib").mkdir()
     (tmp_path / "lib" / "libamdhip64.so").write_bytes(b"")
     monkeypatch.setenv("ROCM_PATH", str(tmp_path))
-    assert runtime._rocm_library_found()
+    assert runtime.library._rocm_library_found()
 
 
 # --- check() -----------------------------------------------------------------------
@@ -851,7 +851,7 @@ def test_device_calls_initialise_the_runtime_first(fake, monkeypatch, first_call
     # constructor) must bind hip-python before touching it.
     fake_hip = fake.hip
     monkeypatch.setattr(runtime, "hip", None)
-    monkeypatch.setattr(runtime, "_load_hip_python", lambda selected: (fake_hip, fake.rtc))
+    monkeypatch.setattr(runtime.library, "_load_hip_python", lambda selected: (fake_hip, fake.rtc))
     getattr(runtime, first_call)(0)
     assert runtime.hip is fake_hip
 
@@ -885,7 +885,7 @@ def test_launch_goes_through_the_loaded_library(fake, monkeypatch, tmp_path):
     lib = ctypes.CDLL(str(lib_path))  # the library hip-python would have loaded
     lib.fake_last.restype = ctypes.c_size_t
     monkeypatch.setattr(runtime, "_c_launch", None)
-    monkeypatch.setattr(runtime, "_hip_library_path", lambda: str(lib_path))
+    monkeypatch.setattr(runtime.launch, "_hip_library_path", lambda: str(lib_path))
 
     class Args(ctypes.Structure):
         _fields_ = [("x", ctypes.c_int)]
@@ -924,11 +924,11 @@ def test_a_prepared_launch_keeps_its_arguments_alive(monkeypatch):
         seen.append((arr[0], Args.from_address(arr[1]).x, size, fn, gx, stream))
         return 0
 
-    monkeypatch.setattr(runtime, "_c_launcher", lambda: fake_launch)
+    monkeypatch.setattr(runtime.launch, "_c_launcher", lambda: fake_launch)
     fn = runtime.Function(0x1234, module=None, symbol="k")
     run = fn.bind(Args(x=77)).prepare((5, 1, 1), (256, 1, 1), 0, 0x99)
     gc.collect()
     junk = [Args(x=-1) for _ in range(1000)]  # reuse freed memory if the binding died
     run()
-    assert seen == [(runtime._LAUNCH_PARAM_BUFFER_POINTER, 77, 8, 0x1234, 5, 0x99)]
+    assert seen == [(runtime.launch._LAUNCH_PARAM_BUFFER_POINTER, 77, 8, 0x1234, 5, 0x99)]
     del junk

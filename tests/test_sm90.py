@@ -88,7 +88,7 @@ from hipmla.kernels import translation_unit
 out = {}
 for factory, args in BUILDS:
     spec = getattr(kernels, factory)(*args)
-    flags = ["--offload-arch=sm_90", "-O3", *spec.options("sm_90")]  # as runtime._compile
+    flags = ["--offload-arch=sm_90", "-O3", *spec.options("sm_90")]  # as runtime.compiler._compile
     status, prog = hiprtc.hiprtcCreateProgram(translation_unit(spec.source).encode(), spec.symbol.encode(),
                                               0, [], [])
     (status,) = hiprtc.hiprtcCompileProgram(prog, len(flags), [f.encode() for f in flags])
