@@ -461,14 +461,14 @@ def test_main_prints_the_report_and_fails_on_violations(monkeypatch, capsys, tmp
         calls.append((archs, out_dir, jobs))
         return [CLEAN, replace(CLEAN, symbol="spiller", vgpr_spills=4)]
 
-    monkeypatch.setattr(aot, "build_all", fake_build_all)
+    monkeypatch.setattr(aot.cli, "build_all", fake_build_all)
     assert aot.main(["--arch", "gfx950, gfx942", "--out", str(tmp_path), "--jobs", "3"]) == 1
     assert calls == [(["gfx950", "gfx942"], tmp_path, 3)]
     out, err = capsys.readouterr()
     assert "spiller" in out and "k " in out
     assert "over budget: spiller on gfx950: spills 4 VGPRs" in err
 
-    monkeypatch.setattr(aot, "build_all", lambda archs, out_dir, jobs: [CLEAN])
+    monkeypatch.setattr(aot.cli, "build_all", lambda archs, out_dir, jobs: [CLEAN])
     assert aot.main([]) == 0
 
 
@@ -476,7 +476,7 @@ def test_main_reports_build_failures(monkeypatch, capsys):
     def failing(archs, out_dir, jobs):
         raise aot.CompileError("1 of 2 builds failed", [], "k.hip:1:1: error: boom")
 
-    monkeypatch.setattr(aot, "build_all", failing)
+    monkeypatch.setattr(aot.cli, "build_all", failing)
     assert aot.main(["--arch", "gfx950"]) == 2
     assert "error: boom" in capsys.readouterr().err
 
@@ -492,7 +492,7 @@ def test_default_out_dir_is_the_user_cache_not_the_package(monkeypatch, tmp_path
     monkeypatch.delenv("XDG_CACHE_HOME")
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     assert aot.default_aot_dir() == tmp_path / "home" / ".cache" / "hipmla" / "aot"
-    package = Path(aot.__file__).resolve().parent
+    package = Path(aot.__file__).resolve().parent.parent  # hipmla/, of which aot is a part
     assert package not in aot.default_aot_dir().parents
 
 
@@ -500,7 +500,7 @@ def test_build_writes_to_the_user_cache_by_default(monkeypatch, capsys, tmp_path
     monkeypatch.setattr(aot, "DEFAULT_AOT_DIR", None)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     calls = []
-    monkeypatch.setattr(aot, "build_all", lambda archs, out_dir, jobs: calls.append(out_dir) or [CLEAN])
+    monkeypatch.setattr(aot.cli, "build_all", lambda archs, out_dir, jobs: calls.append(out_dir) or [CLEAN])
     assert aot.main(["--arch", "gfx950"]) == 0
     assert calls == [tmp_path / "hipmla" / "aot"]
     assert f"code objects in {tmp_path / 'hipmla' / 'aot'}" in capsys.readouterr().out
@@ -554,8 +554,8 @@ def fake_kernels(monkeypatch):
     """Makes build_all see the given specs, whose sources are their own TUs."""
 
     def install(specs):
-        monkeypatch.setattr(aot, "kernels_for_arch", lambda arch: list(specs))
-        monkeypatch.setattr(aot, "translation_unit", lambda source: source)
+        monkeypatch.setattr(aot.resources, "kernels_for_arch", lambda arch: list(specs))
+        monkeypatch.setattr(aot.toolchain, "translation_unit", lambda source: source)
 
     return install
 
