@@ -50,4 +50,6 @@ struct MlaDecodeParams {
     int32_t head_groups;             // h_q / 16 (1, 2, 4 or 8)
     int32_t q_tokens;                // t_q: rows of q / out / lse; with qo_indptr no entry past it is used
     int32_t split_max_ranges;        // > 0: most token ranges (items of a row) per sequence; 0: no cap
+    int32_t split_long_range;        // ... unless ceil(len / this) is more: ranges this long are worth a slot
+    int32_t pad_;                    // keeps sizeof a multiple of 8 on every ABI
 };

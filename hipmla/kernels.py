@@ -90,6 +90,8 @@ class DecodeParams(ctypes.Structure):
         ("head_groups", ctypes.c_int32),  # h_q / 16
         ("q_tokens", ctypes.c_int32),  # t_q
         ("split_max_ranges", ctypes.c_int32),  # 0: no cap
+        ("split_long_range", ctypes.c_int32),
+        ("pad_", ctypes.c_int32),
     ]
 
     def set_split(self, policy) -> None:
@@ -99,6 +101,7 @@ class DecodeParams(ctypes.Structure):
         self.split_align = policy.align_tokens
         self.fast_tile = policy.fast_tile
         self.split_max_ranges = policy.max_ranges
+        self.split_long_range = policy.long_range_tokens
 
 
 @dataclass(frozen=True)

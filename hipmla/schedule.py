@@ -37,12 +37,17 @@ DEFAULT_MIN_SPLIT_TOKENS = 128
 #: Split boundaries fall on multiples of this, so every item but a sequence's last one
 #: is made of whole kernel tiles (the fast kernels' tile is 128 tokens).
 DEFAULT_ALIGN_TOKENS = 128
-#: Most token ranges one sequence is cut in (0: no cap). The min_split_tokens floor alone
-#: gives a few long sequences one slot per ~chunk tokens; past this many slots a row's
-#: merge (one block reads every slot) costs more than the shorter items win: 4x8k with
-#: 32 slots a row spends 15.6 of its 44 us merging, 16 longer ones take 38.1 us in all
-#: and 8 take 53.9 (the GPU half idle).
+#: Most token ranges one sequence is cut in while they are shorter than
+#: DEFAULT_LONG_RANGE_TOKENS (0: no cap). The min_split_tokens floor alone gives a few
+#: long sequences one slot per ~chunk tokens; past this many slots a row's merge (one
+#: block reads every slot) costs more than the shorter items win: 4x8k with 32 slots a
+#: row spends 15.6 of its 44 us merging, 16 longer ones take 38.1 us in all and 8 take
+#: 53.9 (the GPU half idle).
 DEFAULT_MAX_RANGES = 16
+#: Ranges this long are worth their slot: a sequence may have ceil(len / this) ranges
+#: even past max_ranges. Without it 4 x 32k + 60 x 500 got 16 ranges of 2048 tokens a
+#: long sequence (124 items on 132 SMs) and ran 40% slower than with 52 of 640.
+DEFAULT_LONG_RANGE_TOKENS = 512
 
 #: heads / 16 of the head counts a decoder may serve.
 HEAD_GROUPS = tuple(h // 16 for h in HEAD_COUNTS)
@@ -57,9 +62,10 @@ class SplitPolicy:
     align_tokens: int = DEFAULT_ALIGN_TOKENS
     fast_tile: int = 0  # > 0: partial last tiles become items of their own (whole-tile fast kernels)
     max_ranges: int = DEFAULT_MAX_RANGES  # > 0: most token ranges per sequence (longer items instead)
+    long_range_tokens: int = DEFAULT_LONG_RANGE_TOKENS  # ... unless they would be this long anyway
 
     def __post_init__(self):
-        for name in ("target_items", "min_split_tokens", "align_tokens"):
+        for name in ("target_items", "min_split_tokens", "align_tokens", "long_range_tokens"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or not 1 <= v <= INT32_MAX:
                 raise ValueError(f"{name}: expected an integer in [1, {INT32_MAX}], got {v!r}")
@@ -174,7 +180,7 @@ def schedule(seq_lens, policy: SplitPolicy, q_lens=None, head_groups: int = 1) -
     chunk = split_chunk(int((lens * rows).sum()), policy)
     base = np.maximum(-(-lens // chunk), 1)
     if policy.max_ranges:
-        base = np.minimum(base, policy.max_ranges)
+        base = np.minimum(base, np.maximum(policy.max_ranges, -(-lens // policy.long_range_tokens)))
     units = -(-lens // align)
     last_begin = units * (base - 1) // base * align
     tail = lens % fast if fast else np.zeros_like(lens)

@@ -37,7 +37,8 @@ def _check_invariants(lens: np.ndarray, policy: SplitPolicy) -> None:
         assert (s.begin[items[1:]] == s.end[items[:-1]]).all()  # a partition in token order
         assert ((s.end[items] > s.begin[items]) | (n == 0)).all()
         if policy.max_ranges:
-            assert items.size <= policy.max_ranges + (1 if policy.fast_tile else 0)
+            cap = max(policy.max_ranges, -(-int(n) // policy.long_range_tokens))
+            assert items.size <= cap + (1 if policy.fast_tile else 0)
         longest = s.chunk  # a capped sequence: its align units shared among max_ranges ranges
         if policy.max_ranges:
             units = -(-int(n) // policy.align_tokens)
@@ -71,6 +72,11 @@ def test_max_ranges_caps_the_slots_of_a_row():
     assert set((s.end - s.begin)[s.seq < 4].tolist()) == {512}
     # Short sequences keep the finer split: 4 x 1k gets 8 ranges of 128 either way.
     assert np.bincount(schedule([1024] * 4, capped).seq).tolist() == [8] * 4
+    # Ranges as long as long_range_tokens (512) anyway are not capped: 4 x 32k + 60 x 500
+    # keeps its 640-token chunk, 52 ranges a long sequence (16 would leave SMs idle).
+    mix = [32768] * 4 + [500] * 60
+    assert np.bincount(schedule(mix, capped).seq).tolist() == [52] * 4 + [1] * 60
+    assert np.bincount(schedule(mix, dataclasses.replace(capped, long_range_tokens=4096)).seq)[:4].tolist() == [16] * 4
 
 
 def test_schedule_balances_long_sequences():
@@ -79,7 +85,8 @@ def test_schedule_balances_long_sequences():
     assert s.chunk == 128 and s.size == 4 * 16  # 264 target items, 128-token floor, 16 ranges a sequence
     s = schedule([100, 20000], policy)
     per_seq = np.bincount(s.seq)
-    assert per_seq[0] == 1 and per_seq[1] == 16  # the longest sequence gets the splits, up to the cap
+    # the longest sequence gets the splits, 512 tokens each (the cap's long ranges)
+    assert per_seq[0] == 1 and per_seq[1] == 40
     per_seq = np.bincount(schedule([100, 20000], dataclasses.replace(policy, max_ranges=0)).seq)
     assert per_seq[1] > 30
 
@@ -106,6 +113,7 @@ def test_split_chunk():
     (dict(target_items=True), "target_items"),
     (dict(target_items=4, max_ranges=-1), "max_ranges"),
     (dict(target_items=4, max_ranges=1.5), "max_ranges"),
+    (dict(target_items=4, long_range_tokens=0), "long_range_tokens"),
 ])
 def test_bad_policies_name_themselves(kwargs, name):
     with pytest.raises(ValueError, match=name):
@@ -196,7 +204,8 @@ def test_device_schedule_equals_the_host_model(dump, seed):
     page_size = [1, 16, 64, 128][seed]
     layout = random_page_table(lens, page_size, rng, spare_pages=5) if seed % 2 else KvLayout.contiguous(lens)
     policy = SplitPolicy.for_device(int(rng.integers(1, 140)), fast_tile=128 if seed >= 2 else 0)
-    policy = dataclasses.replace(policy, min_split_tokens=128, max_ranges=[0, 3, 16, 5][seed])
+    policy = dataclasses.replace(policy, min_split_tokens=128, max_ranges=[0, 3, 16, 5][seed],
+                                 long_range_tokens=[512, 700, 2048, 128][seed])
     got = _device_items(dump, layout, policy)
     s = schedule(lens, policy)
     want = np.stack([s.seq, s.begin, s.end, np.arange(s.size), s.first_slot, s.n_items, s.row, s.slot_stride],

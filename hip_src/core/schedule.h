@@ -9,9 +9,11 @@
 //   rows_s = n_s x head_groups: sequence s's rows (16 heads of one of its n_s query tokens)
 //   total  = sum over s of len_s x rows_s (the work, in token-rows)
 //   chunk  = round_up(max(ceil(total / split_target), split_min_tokens), split_align)
-//   k_s    = max(ceil(len_s / chunk), 1) token ranges of sequence s, at most
-//            split_max_ranges of them when that is > 0 (longer items instead: a row's
-//            merge grows with its slots), cut on split_align units as evenly as possible: range k = units [floor(U k / k_s),
+//   k_s    = max(ceil(len_s / chunk), 1) token ranges of sequence s; when
+//            split_max_ranges > 0 at most max(split_max_ranges, ceil(len_s /
+//            split_long_range)) of them (longer items instead: a row's merge grows with
+//            its slots, but ranges of split_long_range tokens are worth theirs), cut on
+//            split_align units as evenly as possible: range k = units [floor(U k / k_s),
 //            floor(U (k+1) / k_s)) with U = ceil(len_s / split_align), clamped to len_s;
 //   fast_tile > 0: a last range with whole fast tiles and a remainder becomes two ranges
 //            (the whole tiles, then the remainder), so every range is either whole tiles
@@ -108,7 +110,7 @@ HIPMLA_DEVICE long long block_exclusive_scan(long long v, ScheduleSmem<THREADS>&
 // Items of a sequence of `len` tokens, and the token range of its item k.
 struct SeqSplit {
     long long chunk;
-    int align, fast_tile, max_ranges;
+    int align, fast_tile, max_ranges, long_range;
 
     HIPMLA_DEVICE int base_items(int len) const {
         // 0 <= len and 1 <= chunk <= INT32_MAX (schedule_item clamps it: a chunk of at least
@@ -116,7 +118,12 @@ struct SeqSplit {
         // this for its sequences, and a 32-bit division is a fraction of a 64-bit one.
         // (len < 0 cannot come from seq_extent; it would be one item here, as before.)
         unsigned n = len > 0 ? (unsigned(len) + unsigned(chunk) - 1u) / unsigned(chunk) : 0u;
-        if (max_ranges > 0 && n > unsigned(max_ranges)) n = unsigned(max_ranges);
+        if (max_ranges > 0) {
+            const unsigned step = long_range > 0 ? unsigned(long_range) : 0x7fffffffu;
+            const unsigned longs = len > 0 ? (unsigned(len) + step - 1u) / step : 0u;
+            const unsigned cap = longs > unsigned(max_ranges) ? longs : unsigned(max_ranges);
+            if (n > cap) n = cap;
+        }
         return n > 1 ? int(n) : 1;
     }
     HIPMLA_DEVICE bool tail_item(int len) const {
@@ -171,7 +178,8 @@ HIPMLA_DEVICE WorkItem schedule_item(const MlaDecodeParams& p, int block, Schedu
     long long chunk = (total + p.split_target - 1) / p.split_target;
     chunk = chunk > p.split_min_tokens ? chunk : p.split_min_tokens;
     chunk = (chunk + p.split_align - 1) / p.split_align * p.split_align;
-    const SeqSplit split{chunk < 0x7fffffffLL ? chunk : 0x7fffffffLL, p.split_align, p.fast_tile, p.split_max_ranges};
+    const SeqSplit split{chunk < 0x7fffffffLL ? chunk : 0x7fffffffLL, p.split_align, p.fast_tile, p.split_max_ranges,
+                         p.split_long_range};
 
     long long count = 0;
     for (int s = s0; s < s1; ++s) count += (long long)split.items(seq_extent(p, s).tokens) * seq_query(p, s).n * groups;
