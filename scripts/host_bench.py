@@ -76,7 +76,7 @@ def stubbed_runtime() -> Iterator[None]:
         def free(self) -> None:
             self.ptr = 0
 
-    launch = ctypes.CDLL(None).labs  # bound as runtime._c_launcher binds the HIP call
+    launch = ctypes.CDLL(None).labs  # bound as runtime.launch._c_launcher binds the HIP call
     launch.restype = ctypes.c_int
     stubs = {"device_info": lambda index=0: info, "alloc": Buffer, "memset": lambda *a, **k: None,
              "synchronize": lambda: None, "_c_launch": launch,

@@ -415,7 +415,8 @@ def test_one_launch_per_run_over_the_whole_schedule_without_a_fast_kernel(monkey
         assert launch.grid == (dec.policy.max_items(b), 1, 1) == (2 * NUM_CUS + b, 1, 1)
         assert launch.block == (kernels.BLOCK_THREADS, 1, 1) == (256, 1, 1)
         assert launch.split_target == NUM_CUS * 2 and launch.fast_tile == 0
-        assert launch.split_min_tokens == 256 and launch.split_align == 128
+        assert launch.split_min_tokens == 128 and launch.split_align == 128
+        assert launch.split_max_ranges == 16 and launch.split_long_range == 512
         assert launch.batch == b and launch.stream is None
         assert (launch.q, launch.kv, launch.kv_indptr, launch.out, launch.kv_scale, launch.lse) == \
             (ADDR["q"], ADDR["kv"], ADDR["kv_indptr"], ADDR["out"], ADDR["kv_scale"], ADDR["lse"])
