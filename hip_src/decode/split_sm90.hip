@@ -89,7 +89,11 @@
 // mxfp4 498 instructions, i.e. x 8 warps / 32 tokens = 65 / 104 / 125 warp-instructions per
 // token, of which 9 HMMA + 8 MOVM; mxfp4's K dequantization (72 shifts, ~56 of the 80 lop3,
 // 36 bf16x2 multiplies) is ~185 of the 498.
-// Measured on the H200 (2026-12-01, Nsight Compute, mxfp4 64 x 8k, 156 us, before the Q / O
+// Measured on the H200 (2026-12-01, Nsight Compute at c5b50de, 64 x 8k): mxfp4 138.6 us, issue
+// slots 50.8% busy, IPC 2.19, 1.1 eligible of 3.7 active warps per scheduler, per issued
+// instruction 1.63 cycles on fixed-latency dependencies, 0.75 at barriers, 0.63 on shared
+// memory / MOVM results; fp8 126.3 us, IPC 2.05, MIO throttle 0.36 (1.16 before the copies
+// were put on whole lines). Earlier (mxfp4 64 x 8k, 156 us, before the Q / O
 // staging and the copy issue beside P.V; 522 instructions a tile then): issue-bound at
 // 128 registers -- 2 blocks = 16 warps per SM (3.7 active warps per scheduler, 0.9 eligible),
 // IPC 1.98 of 4, issue slots 45% busy; per issued instruction a warp waits 1.5 cycles on
