@@ -4,7 +4,8 @@ CPU: every cache format compiles for sm_90 exactly as the GPU run compiles it (h
 hipmla's HIP-on-CUDA library -> NVRTC), the cubin has the symbol and no local memory;
 with the CUDA toolkit present, ptxas reports no stack or spills, and the kernel's
 ``sizeof(Smem)`` equals the dynamic shared memory its KernelSpec asks for. The emulator
-schedule it follows (one softmax state, 32-token tiles) is checked against exact math.
+schedule it follows (one softmax state, 32-token tiles) is checked against exact math, and
+every variant of scripts/sm90_ablation.py still applies to the sources.
 GPU (``gpu``): the kernel alone against that emulator for ragged paged batches in all
 formats (scripts/sm90_trial.py has the runner).
 """
@@ -240,14 +241,27 @@ def test_one_tile_items_do_not_depend_on_the_tile_size():
     assert np.array_equal(a.acc, b.acc) and np.array_equal(a.m, b.m) and np.array_equal(a.l, b.l)
 
 
-# ----------------------------------------------------------------------------- on the GPU
-
-
-def _trial_module():
-    spec = importlib.util.spec_from_file_location("sm90_trial", REPO / "scripts" / "sm90_trial.py")
+def _script(name: str):
+    spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def test_every_ablation_variant_still_applies(tmp_path):
+    """scripts/sm90_ablation.py edits copies of hip_src by exact text; an edit that no
+    longer matches exactly once would only show on the H200. Every variant applies here."""
+    ablation = _script("sm90_ablation")
+    for k, (name, parts) in enumerate(ablation.VARIANTS.items()):
+        root = tmp_path / f"v{k}"
+        shutil.copytree(kernels.hip_src_dir(), root)
+        ablation.edited_source(root, parts)
+        changed = [f for f in root.rglob("*") if f.is_file() and
+                   f.read_bytes() != (kernels.hip_src_dir() / f.relative_to(root)).read_bytes()]
+        assert bool(changed) == bool(parts), name
+
+
+# ----------------------------------------------------------------------------- on the GPU
 
 
 @pytest.mark.gpu
@@ -257,7 +271,7 @@ def test_gpu_ragged_paged_batches_match_the_emulator(kv_format):
 
     if not runtime.available() or runtime.device_info(0).arch != "sm_90":
         pytest.skip("needs an sm_90 GPU")
-    trial = _trial_module()
+    trial = _script("sm90_trial")
     sm_scale = 1 / 24
     configs = [np.array([1, 0, 31, 32, 33, 127, 128, 129, 16383, 64, 65]), np.zeros(3, np.int64)]
     rng = np.random.default_rng(90)
