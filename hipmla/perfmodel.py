@@ -206,11 +206,13 @@ SM90_BLOCKS_PER_SM = 2  # __launch_bounds__(256, 2): 128 registers, 16 warps per
 SM90_MEASURED_IPC = 1.98
 
 # --- the AMD fast kernels' copy rings (from their sources) ---
-#: Tiles of 128 tokens of a block in flight. gfx950: two LDS buffers per wave, copies one
-#: tile ahead (split_mfma_gfx950.hip) -> 2. gfx942: no KV through LDS; lanes load their
-#: operands into registers one 16-token MFMA group at a time, nothing a tile ahead
-#: (split_mfma_gfx942.hip) -> about half a tile (assumption).
-AMD_STAGES = {"gfx950": 2.0, "gfx942": 0.5}
+#: Tiles of 128 tokens of a block in flight. gfx950: with quantized Q two LDS buffers per
+#: wave, copies one tile ahead (split_mfma_gfx950.hip) -> 2; bf16 Q ("gfx950 qbf16") one
+#: buffer per wave, refilled after the tile's P.V -> 1 (and twice the resident blocks).
+#: gfx942: no KV through LDS; lanes load their operands into registers one 16-token MFMA
+#: group at a time, nothing a tile ahead (split_mfma_gfx942.hip) -> about half a tile
+#: (assumption).
+AMD_STAGES = {"gfx950": 2.0, "gfx950 qbf16": 1.0, "gfx942": 0.5}
 AMD_WAVES_PER_BLOCK = 4
 
 
@@ -282,7 +284,12 @@ def amd_kernel(counts: LoopCounts, waves_per_simd: int, arch: str, kv_format: st
         name=counts.symbol, device=device, kv_format=kv_format, tile_tokens=tile_tokens,
         tile_issue_cycles=amd_tile_cycles(counts, waves_per_block, simds),
         blocks_per_cu=max(1, waves_per_simd * simds // waves_per_block),
-        stages=AMD_STAGES[arch], token_bytes=token_bytes(kv_format, scale_stride))
+        stages=amd_stages(arch, counts.symbol), token_bytes=token_bytes(kv_format, scale_stride))
+
+
+def amd_stages(arch: str, symbol: str) -> float:
+    """AMD_STAGES of a fast kernel (its symbol ends in its Q precision)."""
+    return AMD_STAGES.get(f"{arch} {symbol.rsplit('_', 1)[-1]}", AMD_STAGES[arch])
 
 
 # =====================================================================================

@@ -292,3 +292,10 @@ def test_model_command_without_clang_says_why(monkeypatch, capsys):
     assert cli.main(["model", "--arch", "gfx950"]) == 2
     captured = capsys.readouterr()
     assert "hipmla model: no clang here" in captured.err and captured.out == ""
+
+
+def test_gfx950_bf16_q_has_one_buffer_in_flight():
+    # split_mfma_gfx950.hip: bf16 Q keeps one quarter buffer per wave, quantized Q two.
+    assert pm.amd_stages("gfx950", "hipmla_decode_split_gfx950_mxfp4_qbf16") == 1.0
+    assert pm.amd_stages("gfx950", "hipmla_decode_split_gfx950_mxfp4_qfp8") == 2.0
+    assert pm.amd_stages("gfx942", "hipmla_decode_split_gfx942_bf16_qbf16") == 0.5

@@ -91,6 +91,17 @@ HIPMLA_DEVICE void wait_global_loads() {
 #endif
 }
 
+// s_waitcnt lgkmcnt(0): every LDS read of this wave has returned, so an LDS copy issued
+// next cannot overwrite what a read still has to deliver (the hardware orders neither).
+// (The CPU harness lands a copy when it is issued: its lanes meet here first.)
+HIPMLA_DEVICE void wait_lds_reads() {
+#if defined(HIPMLA_HOST_PLATFORM)
+    wave_sync();
+#else
+    asm volatile("s_waitcnt lgkmcnt(0)" ::: "memory");
+#endif
+}
+
 // An E8M0 code as the f32 scale the converts take: 2^(code - 127) by ldexp, two VALU
 // instead of four for the explicit cases; code 0 gives 2^-127 exactly, 255 (NaN in E8M0)
 // gives +inf here, so a NaN-scaled block reads as inf / NaN rather than NaN throughout.

@@ -23,8 +23,9 @@
 //   HIPMLA_FP8_FNUZ     0 (gfx950 fp8 is e4m3fn)
 //
 // Block = 4 waves. An item of n tokens is ceil(n / 128) tiles; each tile is cut in four
-// 32-token quarters, quarter w to wave w. A wave owns two LDS
-// buffers for its quarters (filled by asynchronous global -> LDS copies one tile ahead),
+// 32-token quarters, quarter w to wave w. With quantized Q a wave owns two LDS buffers
+// for its quarters (filled by asynchronous global -> LDS copies one tile ahead); with
+// bf16 Q one, refilled as soon as the tile's P.V has read it (see Smem),
 // its own online-softmax state for all 16 heads and a 16 x 512 f32 accumulator; the
 // waves meet only to quantize Q at the start and to merge their states at the end.
 //
@@ -36,13 +37,16 @@
 // QuarterRows by ds_bpermute), while the LDS side stays contiguous: 32 rows x 288 bytes,
 // exactly as a contiguous cache would land. Lane l also loads the 9 E8M0 bytes
 // 9 (l % 2).. of token l / 2's scale row, held packed in registers until they go to LDS.
-// LDS: two buffers per wave (78,848 B, + a 16-byte stub of the bf16 Q array = 78,864 B
-// with quantized Q); the schedule's scan and a quantized Q stage in the
-// second buffers before the first prefetch, the wave merge reuses all of it at the end.
-// bf16 Q stays in LDS of its own (18,688 B more with padded rows: 97,536 B, one block per CU), because
-// every k-step of every tile reads it: in registers it would take 72 VGPRs per lane.
-// Registers (clang-22): quantized Q 249 (fp8) / 230 (mxfp4), so with its LDS two blocks
-// (2 waves per SIMD) fit a CU; bf16 Q 206. Next to the 128 accumulators and the Q operand
+// LDS: quantized Q, two buffers per wave (78,848 B, + a 16-byte stub of the bf16 Q array
+// = 78,864 B); the schedule's scan and a quantized Q stage in the second buffers before
+// the first prefetch, the wave merge reuses all of it at the end. bf16 Q stays in LDS of
+// its own (18,688 B with padded rows), because every k-step of every tile reads it: in
+// registers it would take 72 VGPRs per lane. With two buffers that was 97,536 B, one block
+// per CU; with one buffer per wave it is 58,112 B, so two blocks (2 waves per SIMD) fit,
+// and a wave's wait for its next quarter is the other block's compute time (a PREDICTION:
+// nothing has run on gfx950; the model counts the same bytes in flight per CU either way).
+// Registers (clang-22): quantized Q 249 (fp8) / 230 (mxfp4), bf16 Q 206, so with their
+// LDS two blocks (2 waves per SIMD) fit a CU in every variant. Next to the 128 accumulators and the Q operand
 // (fp8 40 + 5 scales, mxfp4 20 + 5) the tile loop holds little else: its LDS reads are
 // immediate offsets from a few per-lane bases, not an address register per token
 // (quarter_scores, quarter_pv), and the last k-step's empty half is a select, not a branch
@@ -157,25 +161,39 @@ struct Merge {                                    // after the last tile
     int last;                                     // arrive_last's flag
 };
 
-// buf[1] is free until the first prefetch, so the schedule's scan and the quantized Q are
-// staged there (the schedule is done before Q is staged; both before the first prefetch).
-// bf16 Q is read from LDS by every k-step of every tile, so it has LDS of its own.
+// Quantized Q: two buffers per wave, the next tile's quarter copied into one while the
+// other is read. buf[1] is free until the first prefetch, so the schedule's scan and the
+// quantized Q are staged there (the schedule is done before Q is staged; both before the
+// first prefetch). bf16 Q is read from LDS by every k-step of every tile, so it has LDS
+// of its own (18,688 B): with two buffers a block took 97,536 B and a CU held one. So bf16
+// Q has ONE buffer per wave (58,112 B: two blocks, 2 waves per SIMD): the next quarter's
+// copy starts once the wave's P.V has read the buffer and lands while the other block's
+// waves compute (the wait moves from the wave's next tile to the SIMD's other wave). The
+// scan overlaps the buffer: it is done before the first copy.
+constexpr int BUFFERS = Q_BF16 ? 1 : 2;
+template <bool ONE_BUFFER>
+struct Start {
+    Buffer first[WAVES];
+    QStage q;
+    ScheduleSmem<THREADS> sched;
+};
+template <>
+struct Start<true> {
+    ScheduleSmem<THREADS> sched;
+    QStage q;  // unused (bf16 Q has q_bf16); declared so the quantized-Q branches compile
+};
 struct alignas(16) Smem {
     union alignas(16) {
-        Buffer buf[2][WAVES];
-        struct {
-            Buffer first[WAVES];
-            QStage q;
-            ScheduleSmem<THREADS> sched;
-        } start;
+        Buffer buf[BUFFERS][WAVES];
+        Start<BUFFERS == 1> start;
         Merge merge;
     };
     alignas(16) unsigned short q_bf16[Q_BF16 ? HEADS * Q_STRIDE : 8];  // [head][dim], padded rows
 };
-static_assert(sizeof(QStage) + sizeof(ScheduleSmem<THREADS>) <= sizeof(Buffer) * WAVES,
-              "the schedule and Q stage inside the second buffers");
-static_assert(sizeof(Smem) == sizeof(Buffer) * 2 * WAVES + (Q_BF16 ? 2 * HEADS * Q_STRIDE : 16),
-              "LDS is the two buffers of every wave (and bf16 Q)");
+static_assert(sizeof(Start<BUFFERS == 1>) <= sizeof(Buffer) * BUFFERS * WAVES && sizeof(Merge) <= sizeof(Buffer) * WAVES,
+              "the schedule and Q stage inside the second buffers (one buffer: the scan inside it)");
+static_assert(sizeof(Smem) == sizeof(Buffer) * BUFFERS * WAVES + (Q_BF16 ? 2 * HEADS * Q_STRIDE : 16),
+              "LDS is the buffers of every wave (and bf16 Q)");
 
 // Token of a quarter that score group i, D row x holds. The 4 lane groups read rows
 // {0, 2, 1, 3} + 4j, so the two 32-lane halves of a P.V dword read start on rows two
@@ -453,7 +471,7 @@ HIPMLA_KERNEL(hipmla::fast950::THREADS) void HIPMLA_FAST_NAME(const MlaDecodePar
     const int quarter_begin = it.begin + QUARTER * w;  // this wave's first token of tile 0
 
     LaneScales scales = {};
-    if (n_tiles > 0) scales = fetch_quarter(sm.start.first[w], p, quarter_rows(kv, quarter_begin, last));
+    if (n_tiles > 0) scales = fetch_quarter(sm.buf[0][w], p, quarter_rows(kv, quarter_begin, last));
     if constexpr (Q_BF16) {
         stage_q_bf16(sm.q_bf16, p, row);
     } else {
@@ -484,11 +502,11 @@ HIPMLA_KERNEL(hipmla::fast950::THREADS) void HIPMLA_FAST_NAME(const MlaDecodePar
     }
 
     for (int tile = 0; tile < n_tiles; ++tile) {
-        Buffer& cur = sm.buf[tile & 1][w];
+        Buffer& cur = sm.buf[tile % BUFFERS][w];
         wait_global_loads();
         put_scales(cur, scales);
         wave_sync();  // other lanes of the wave read these scales
-        if (tile + 1 < n_tiles) scales = fetch_quarter(sm.buf[(tile + 1) & 1][w], p, next_rows);
+        if (BUFFERS == 2 && tile + 1 < n_tiles) scales = fetch_quarter(sm.buf[(tile + 1) % BUFFERS][w], p, next_rows);
 
         f32x4 score[GROUPS];
         if constexpr (Q_BF16) {
@@ -527,6 +545,10 @@ HIPMLA_KERNEL(hipmla::fast950::THREADS) void HIPMLA_FAST_NAME(const MlaDecodePar
             for (int n = 0; n < V_TILES; ++n) acc[vg][n] *= alpha;
         }
         quarter_pv(cur, u32x4{pt_words[0], pt_words[1], pt_words[2], pt_words[3]}, acc);
+        if (BUFFERS == 1 && tile + 1 < n_tiles) {
+            wait_lds_reads();  // the wave's reads of cur have returned before the copies overwrite it
+            scales = fetch_quarter(cur, p, next_rows);
+        }
         next_rows = quarter_rows(kv, quarter_begin + TILE * (tile + 2 < n_tiles ? tile + 2 : tile), last);
     }
 
