@@ -208,7 +208,9 @@ SM90_MEASURED_IPC = 1.98
 # --- the AMD fast kernels' copy rings (from their sources) ---
 #: Tiles of 128 tokens of a block in flight. gfx950: with quantized Q two LDS buffers per
 #: wave, copies one tile ahead (split_mfma_gfx950.hip) -> 2; bf16 Q ("gfx950 qbf16") one
-#: buffer per wave, refilled after the tile's P.V -> 1 (and twice the resident blocks).
+#: buffer per wave, refilled after the tile's P.V -> 1 (and twice the resident blocks; the
+#: wave's own wait for that copy, in series with its math, is not modelled: an assumption
+#: that the other resident block's waves cover it).
 #: gfx942: no KV through LDS; lanes load their operands into registers one 16-token MFMA
 #: group at a time, nothing a tile ahead (split_mfma_gfx942.hip) -> about half a tile
 #: (assumption).

@@ -43,8 +43,9 @@
 // its own (18,688 B with padded rows), because every k-step of every tile reads it: in
 // registers it would take 72 VGPRs per lane. With two buffers that was 97,536 B, one block
 // per CU; with one buffer per wave it is 58,112 B, so two blocks (2 waves per SIMD) fit,
-// and a wave's wait for its next quarter is the other block's compute time (a PREDICTION:
-// nothing has run on gfx950; the model counts the same bytes in flight per CU either way).
+// and a wave's wait for its next quarter is meant to pass under the other block's
+// compute (a PREDICTION: nothing has run on gfx950; the model counts the same bytes in
+// flight per CU either way and does not charge the wave's own serial wait).
 // Registers (clang-22): quantized Q 249 (fp8) / 230 (mxfp4), bf16 Q 206, so with their
 // LDS two blocks (2 waves per SIMD) fit a CU in every variant. Next to the 128 accumulators and the Q operand
 // (fp8 40 + 5 scales, mxfp4 20 + 5) the tile loop holds little else: its LDS reads are
@@ -190,7 +191,7 @@ struct alignas(16) Smem {
     };
     alignas(16) unsigned short q_bf16[Q_BF16 ? HEADS * Q_STRIDE : 8];  // [head][dim], padded rows
 };
-static_assert(sizeof(Start<BUFFERS == 1>) <= sizeof(Buffer) * BUFFERS * WAVES && sizeof(Merge) <= sizeof(Buffer) * WAVES,
+static_assert(sizeof(Start<BUFFERS == 1>) <= sizeof(Buffer) * BUFFERS * WAVES,
               "the schedule and Q stage inside the second buffers (one buffer: the scan inside it)");
 static_assert(sizeof(Smem) == sizeof(Buffer) * BUFFERS * WAVES + (Q_BF16 ? 2 * HEADS * Q_STRIDE : 16),
               "LDS is the buffers of every wave (and bf16 Q)");
@@ -480,11 +481,13 @@ HIPMLA_KERNEL(hipmla::fast950::THREADS) void HIPMLA_FAST_NAME(const MlaDecodePar
     block_sync();
     QOperand q;
     if constexpr (!Q_BF16) q = load_q_operand(sm.start.q);
-    block_sync();  // buf[1] (where Q or the schedule was) is free for the first prefetch
+    if constexpr (!Q_BF16) block_sync();  // buf[1] (where Q or the schedule was) is free for the first prefetch
     // The rows of a quarter are read a tile before its copy (the last tile reads its own
-    // again: no token past the item), always just before the wait for the copies in
-    // flight: row() uses a page id as soon as it has read it, so reading it anywhere else
-    // would wait for those copies early. Rows past the item's end are clamped to its last
+    // again: no token past the item). With two buffers that is just before the wait for
+    // the copies in flight: row() uses a page id as soon as it has read it, so reading it
+    // anywhere else would wait for those copies early. With one buffer (bf16 Q) the read
+    // follows the tile's own copies, so its wait is theirs, which the next tile has at its
+    // top anyway: nothing runs in between. Rows past the item's end are clamped to its last
     // token (quarter_rows), so a partial tile copies only the item's own rows.
     QuarterRows next_rows = {0u};
     if (n_tiles > 0) next_rows = quarter_rows(kv, quarter_begin + (n_tiles > 1 ? TILE : 0), last);
