@@ -309,7 +309,7 @@ def fake_runtime(monkeypatch, arch: str, num_cus: int = NUM_CUS) -> FakeGPU:
             assert self.ptr, "double free"
             self.ptr = 0
 
-    class FakeArray:
+    class FakeArray(runtime.DeviceArray):  # the real interface and free(), over fake memory
         def __init__(self, shape, dtype, buffer=None, ptr=None):
             self.shape, self.dtype = tuple(int(s) for s in shape), np.dtype(dtype)
             self.nbytes = math.prod(self.shape) * self.dtype.itemsize
@@ -326,17 +326,6 @@ def fake_runtime(monkeypatch, arch: str, num_cus: int = NUM_CUS) -> FakeGPU:
             host = np.zeros(self.shape, self.dtype)
             runtime.copy_dtoh(host, self.ptr, stream)
             return host
-
-        @property
-        def __cuda_array_interface__(self) -> dict:
-            typestr = self.dtype.str if self.dtype.kind != "V" else f"<u{self.dtype.itemsize}"
-            return {"shape": self.shape, "typestr": typestr, "data": (self.ptr, False),
-                    "strides": None, "version": 3}
-
-        def free(self) -> None:
-            if self.buffer is not None:
-                self.buffer.free()
-            self.ptr = 0
 
     def counted(name: str):
         def call(*args, **kwargs) -> None:

@@ -164,7 +164,7 @@ constexpr int ROW_STRIDE = KV == FORMAT_BF16 ? ROW_BYTES + 16 : ROW_BYTES;
 constexpr int CHUNKS = ROW_BYTES / 16;
 constexpr int LINE = 128;                           // bytes of a shared-memory wavefront
 constexpr bool ROTATE = !MXFP4;                     // copies rotated onto whole lines (issue_tile)
-constexpr int NO_WRAP = (CHUNKS - 15 + 7) / 8;      // copies c with 8 c + 15 <= CHUNKS
+constexpr int NO_WRAP = (CHUNKS - 7) / 8;           // copies c with 14 + 8 c < CHUNKS (first <= 14)
 constexpr int SCALES = D_QK / MX_BLOCK;             // 18 E8M0 per row
 constexpr int STAGES = KV == FORMAT_BF16 ? 2 : FP8 ? 4 : 6;
 // With 4+ stages the wait for tile + 1 moves to the barrier before P.V (2 barriers a tile);
