@@ -8,10 +8,11 @@ against it tightly. What it does not model is the order of f32 summation inside 
 product; scores are formed in f64 and rounded once to f32, the closest any order gets.
 
 Work items of the fast kernels follow their schedule (:class:`FastSchedule`, one per
-arch in ``FAST_SCHEDULES``): on gfx950 and gfx942 alike each 128-token tile is cut in four
-32-token quarters, quarter w to wave w; every wave keeps its own online softmax over its
-quarters (running max per quarter) and the four states are merged like the in-kernel
-merge merges partials, before the item writes its output or partial. The fast kernels
+arch in ``FAST_SCHEDULES``): on gfx950 each 128-token tile is cut in four 32-token
+quarters, quarter w to wave w; every wave keeps its own online softmax over its quarters
+(running max per quarter) and the four states are merged like the in-kernel merge merges
+partials, before the item writes its output or partial. gfx942's kernel keeps one state
+per block over 16-token tiles (a schedule of one wave). The fast kernels
 mask a partial last tile (tokens past the item's end score -inf, so P = 0), so they take
 items of any length: with a policy's ``fast_tile`` the items of whole tiles go to the
 fast schedule, with ``emulate_decode(..., fast_any_length=True)`` every item does.
@@ -98,10 +99,11 @@ class FastSchedule:
 
 #: hip_src/decode/split_mfma_gfx950.hip (Q quantized as the portable kernel does it).
 GFX950_SCHEDULE = FastSchedule(tile_tokens=128, waves=4)
-#: hip_src/decode/split_mfma_gfx942.hip walks the same schedule with bf16 Q; every other
-#: rounding point is the portable kernel's (KV dequantized exactly to bf16, P to bf16),
-#: so its numerics are this schedule and nothing more.
-GFX942_SCHEDULE = FastSchedule(tile_tokens=128, waves=4)
+#: hip_src/decode/split_mfma_gfx942.hip keeps ONE online softmax per block (its 4 waves
+#: split the dimensions and add their partial scores), the running max moving every 16
+#: tokens: one "wave" of 16-token quarters, i.e. emulate_work_item(tile=16). Every other
+#: rounding point is the portable kernel's (KV dequantized exactly to bf16, P to bf16).
+GFX942_SCHEDULE = FastSchedule(tile_tokens=16, waves=1)
 #: The schedule of each arch's fast kernel (hipmla.kernels.FAST_SOURCES).
 FAST_SCHEDULES = {"gfx950": GFX950_SCHEDULE, "gfx942": GFX942_SCHEDULE}
 #: hip_src/decode/split_sm90.hip keeps ONE online softmax per block (its 8 warps split the

@@ -36,8 +36,9 @@ FNUZ_ARCHS = ("gfx940", "gfx941", "gfx942")
 
 SPLIT_SOURCE = "decode/split.hip"
 FAST_SOURCES = {"gfx950": "decode/split_mfma_gfx950.hip", "gfx942": "decode/split_mfma_gfx942.hip"}
-#: Tokens per tile of the AMD fast kernels (a partial last tile is masked in the kernel).
-FAST_TILE_TOKENS = 128
+#: Tokens per tile of each arch's fast kernel (a partial last tile is masked in the kernel):
+#: gfx950's four waves take a 32-token quarter each, gfx942's share one 16-token MFMA group.
+FAST_TILE_TOKENS = {"gfx950": 128, "gfx942": 16}
 #: (kv_format, q_precision) pairs each arch's fast kernel implements.
 FAST_VARIANTS = {
     "gfx950": (("mxfp4", "bf16"), ("mxfp4", "fp8"), ("mxfp4", "mxfp4")),
@@ -164,7 +165,7 @@ def all_kernels() -> list[KernelSpec]:
 
 def fast_split_kernel(arch: str, kv_format: str, q_precision: str) -> KernelSpec | None:
     """The fast split kernel of ``arch`` (``"gfx950"``, ``"gfx942:sramecc+:xnack-"``,
-    ``"sm_90"``), which walks items in ``FAST_TILE_TOKENS`` tiles and masks a partial last
+    ``"sm_90"``), which walks items in ``FAST_TILE_TOKENS[arch]`` tiles and masks a partial last
     one, so it takes every item by itself; or None when the arch has none for this cache
     format and Q precision (the main kernel then takes every item)."""
     if not isinstance(arch, str) or not arch.strip():
@@ -181,7 +182,7 @@ def fast_split_kernel(arch: str, kv_format: str, q_precision: str) -> KernelSpec
         block_threads=BLOCK_THREADS,
         dynamic_shared_bytes=0,
         archs=(processor,),
-        tile_tokens=FAST_TILE_TOKENS,
+        tile_tokens=FAST_TILE_TOKENS[processor],
     )
 
 

@@ -206,15 +206,14 @@ SM90_BLOCKS_PER_SM = 2  # __launch_bounds__(256, 2): 128 registers, 16 warps per
 SM90_MEASURED_IPC = 1.98
 
 # --- the AMD fast kernels' copy rings (from their sources) ---
-#: Tiles of 128 tokens of a block in flight. gfx950: with quantized Q two LDS buffers per
-#: wave, copies one tile ahead (split_mfma_gfx950.hip) -> 2; bf16 Q ("gfx950 qbf16") one
-#: buffer per wave, refilled after the tile's P.V -> 1 (and twice the resident blocks; the
-#: wave's own wait for that copy, in series with its math, is not modelled: an assumption
-#: that the other resident block's waves cover it).
-#: gfx942: no KV through LDS; lanes load their operands into registers one 16-token MFMA
-#: group at a time, nothing a tile ahead (split_mfma_gfx942.hip) -> about half a tile
-#: (assumption).
-AMD_STAGES = {"gfx950": 2.0, "gfx950 qbf16": 1.0, "gfx942": 0.5}
+#: Tiles (of the kernel's own tile_tokens) of a block in flight. gfx950 (128-token tiles):
+#: with quantized Q two LDS buffers per wave, copies one tile ahead
+#: (split_mfma_gfx950.hip) -> 2; bf16 Q ("gfx950 qbf16") one buffer per wave, refilled
+#: after the tile's P.V -> 1 (and twice the resident blocks; the wave's own wait for that
+#: copy, in series with its math, is not modelled: an assumption that the other resident
+#: block's waves cover it). gfx942 (16-token tiles): a 3-stage LDS ring, tiles t + 1 and
+#: t + 2 in flight while tile t is computed (split_mfma_gfx942.hip) -> 2.
+AMD_STAGES = {"gfx950": 2.0, "gfx950 qbf16": 1.0, "gfx942": 2.0}
 AMD_WAVES_PER_BLOCK = 4
 
 
@@ -625,7 +624,8 @@ def format_constants(devices: Sequence[Device]) -> str:
         f"{SM90_WARPS} warps x {SM90_BLOCKS_PER_SM} blocks per SM, copy rings of "
         + "/".join(str(v) for v in SM90_STAGES.values()) + " tiles (source)",
         "  AMD fast kernels: instruction counts of the built tile loops (hipmla.aot), copy rings "
-        + ", ".join(f"{k} {v:g}" for k, v in AMD_STAGES.items()) + " tiles of 128 tokens (source; gfx942 an assumption)",
+        + ", ".join(f"{k} {v:g}" for k, v in AMD_STAGES.items()) + " tiles in flight (gfx950 128-token tiles, "
+        "gfx942 16-token tiles; source)",
     ]
     return "\n".join(lines)
 

@@ -626,18 +626,19 @@ def test_all_project_kernels_build_for_gfx950_within_budget(gfx950_rows):
 # qmxfp4 230, no AGPRs (were 235, 304 and 264: an address register per token, group and
 # k-step until the LDS reads took immediate offsets from per-lane bases, and both groups'
 # K at once while a branch skipped the last k-step's empty half; quantized Q now runs 2
-# waves per SIMD); gfx942 (Q from LDS instead of 72 VGPRs of registers) bf16 248, fp8 254
-# (was 260: back to 2 waves per SIMD, <= 256), mxfp4 306 (was 346; the schedule's
-# three-barrier scan and the merge's load rounds each moved it by a few: one wave per SIMD
-# either way). A ceiling a few registers above the figure catches what once
-# cost 7 (an atomic); 256 is the 2-wave line.
+# waves per SIMD); gfx942 (waves split the dimensions over a 3-stage LDS ring of 16-token
+# tiles: 32 accumulators, 18 of Q and the copies' per-lane map a wave) bf16 178, fp8 146,
+# mxfp4 164 (was 248 / 254 / 306 when each wave walked its own tokens with a 16 x 512
+# accumulator and no KV through LDS). A ceiling a few registers above the figure catches
+# what once cost 7 (an atomic); 256 is the 2-wave line, 168 the 3-wave one (mxfp4, whose
+# 20 KiB of LDS let 3 blocks share a CU).
 FAST_VGPR_CEILINGS = {
     "hipmla_decode_split_gfx950_mxfp4_qbf16": 209,
     "hipmla_decode_split_gfx950_mxfp4_qfp8": 252,
     "hipmla_decode_split_gfx950_mxfp4_qmxfp4": 233,
-    "hipmla_decode_split_gfx942_bf16_qbf16": 256,
-    "hipmla_decode_split_gfx942_fp8_qbf16": 256,
-    "hipmla_decode_split_gfx942_mxfp4_qbf16": 311,
+    "hipmla_decode_split_gfx942_bf16_qbf16": 182,
+    "hipmla_decode_split_gfx942_fp8_qbf16": 150,
+    "hipmla_decode_split_gfx942_mxfp4_qbf16": 168,
 }
 #: LDS per block of the gfx950 fast kernels, two blocks in a CU's 160 KiB each: quantized
 #: Q has two buffers per wave; bf16 Q its resident 16 x 584 bf16 and one buffer per wave
@@ -764,28 +765,36 @@ def gfx942_fast(tmp_path_factory):
     return out, rows, counts
 
 
+#: LDS per block of the gfx942 fast kernels (3 stages of 16 rows, 4 KiB of partial scores,
+#: 640 B of P, alpha and l) and the waves per SIMD (= blocks per CU) that and the registers allow.
+GFX942_FAST = {"bf16": (60_096, 1), "fp8": (32_448, 2), "mxfp4": (21_072, 3)}
+
+
 def test_gfx942_fast_kernels_within_budget(gfx942_fast):
-    """No scratch, no spills, LDS far inside 64 KiB; bf16 and fp8 fit two blocks per CU
-    (<= 256 VGPRs), MXFP4 (its converts) one."""
+    """No scratch, no spills; LDS and registers give bf16 one block per CU (18 KiB stages),
+    fp8 two and MXFP4 three."""
     _, rows, _ = gfx942_fast
     assert len(rows) == 3 and aot.check_budget(rows) == [], aot.format_report(rows)
     for r in rows:
-        assert r.arch == "gfx942" and r.lds_bytes <= 32 * 1024 and r.waves_per_simd >= 1
-        if "_mxfp4_" not in r.symbol:
-            assert r.waves_per_simd == 2, aot.format_report(rows)
+        lds, waves = GFX942_FAST[r.symbol.split("_")[4]]
+        assert r.arch == "gfx942" and (r.lds_bytes, r.waves_per_simd) == (lds, waves), aot.format_report(rows)
         assert r.vgpr <= FAST_VGPR_CEILINGS[r.symbol], aot.format_report(rows)
 
 
 def test_gfx942_fast_loop_is_one_tile_of_bf16_mfmas(gfx942_fast):
-    """Per wave and tile: 2 groups x (36 Q.K + 32 P.V) bf16 MFMAs of 16 MI300X cycles, and
-    no KV through LDS: 12 ds_bpermutes (2 for the softmax max reduction, 10 that hand each
-    lane the cache row of its token: 1 per Q.K group, 4 per P.V group) and Q's B operand,
-    read once a tile for both groups (9 chunks x 2 x 16 bytes per lane)."""
+    """Per wave and 16-token tile: 9 Q.K + 8 P.V bf16 MFMAs of 16 MI300X cycles; the loads
+    of the tile two ahead -- one page-table read, the copies (18 / 9 / 5 of 256 B) and
+    MXFP4's 2 scale bytes -- and no vector-memory wait between the first MFMA and the last
+    but MXFP4's one for its scale bytes (behind the Q.K MFMAs, before P.V: it waits for the
+    next tile's copies, which the next tile waits for anyway)."""
     _, _, counts = gfx942_fast
+    loads = {"bf16": 1 + 18, "fp8": 1 + 9, "mxfp4": 1 + 5 + 2}
     for symbol, c in counts.items():
-        assert (c.mfma, c.mfma_cycles) == (136, 136 * 16), (symbol, c)
-        assert c.lds_bytes <= 12 * 64 * 4 + 9 * 2 * 16 * 64, (symbol, c)
-        assert c.global_loads >= 2 * 9, (symbol, c)  # at least one load per Q.K chunk
+        kv = symbol.split("_")[4]
+        assert (c.mfma, c.mfma_cycles) == (17, 17 * 16), (symbol, c)
+        assert c.global_loads == loads[kv] and c.vm_waits_in_math == (kv == "mxfp4"), (symbol, c)
+        # the copies' LDS writes (4 bytes a lane) are counted with the reads
+        assert c.lds_bytes >= (loads[kv] - 1 - (2 if kv == "mxfp4" else 0)) * 256, (symbol, c)
     # converting the cache costs VALU in the order bf16 < fp8 < mxfp4
     by_kv = {kv: next(c.valu for s, c in counts.items() if f"_{kv}_" in s) for kv in ("bf16", "fp8", "mxfp4")}
     assert by_kv["bf16"] < by_kv["fp8"] < by_kv["mxfp4"], by_kv
@@ -809,6 +818,6 @@ def test_fast_kernel_models_build_only_the_fast_kernels(gfx942_fast):
     assert [m.kv_format for m in models] == ["bf16", "fp8", "mxfp4"]
     assert [m.name for m in models] == [r.symbol for r in rows]
     for m, r in zip(models, rows):
-        assert m.device is perfmodel.MI300X and m.tile_tokens == 128
+        assert m.device is perfmodel.MI300X and m.tile_tokens == 16
         assert m.blocks_per_cu == r.waves_per_simd  # 4 waves a block on 4 SIMDs
         assert m.tile_issue_cycles == perfmodel.amd_tile_cycles(counts[m.name])

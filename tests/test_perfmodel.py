@@ -17,8 +17,9 @@ from hipmla import perfmodel as pm
 # counts of a real kernel, so the AMD predictions below run on realistic numbers without clang.
 GFX950_COUNTS = aot.LoopCounts("k950", mfma=42, mfma_cycles=832, valu=724, transcendental=9, lds=98,
                                lds_bytes=42240, global_loads=12, salu=143, total=1019)
-GFX942_COUNTS = aot.LoopCounts("k942", mfma=136, mfma_cycles=2176, valu=390, transcendental=9, lds=12,
-                               lds_bytes=3072, global_loads=165, salu=191, total=894)
+# The gfx942 bf16 kernel's 16-token tile loop, counted the same way (3-stage LDS ring).
+GFX942_COUNTS = aot.LoopCounts("k942", mfma=17, mfma_cycles=272, valu=138, transcendental=2, lds=49,
+                               lds_bytes=21504, global_loads=19, salu=97, total=320)
 
 
 def mi355x() -> pm.KernelModel:
@@ -26,7 +27,7 @@ def mi355x() -> pm.KernelModel:
 
 
 def mi300x(kv: str = "bf16") -> pm.KernelModel:
-    return pm.amd_kernel(GFX942_COUNTS, 2, "gfx942", kv)
+    return pm.amd_kernel(GFX942_COUNTS, 2, "gfx942", kv, tile_tokens=16)
 
 
 def all_kernels() -> list[pm.KernelModel]:
@@ -257,7 +258,8 @@ def test_amd_kernels_sit_on_their_datasheet_devices():
     assert (pm.MI355X.num_cus, pm.MI355X.clock_hz, pm.MI355X.hbm_bytes_per_s) == (256, 2.4e9, 8.0e12)
     assert (pm.H200.num_cus, pm.H200.clock_hz, pm.H200.hbm_bytes_per_s) == (132, 1.98e9, 4.8e12)
     assert mi355x().blocks_per_cu == 1 and mi300x().blocks_per_cu == 2
-    assert (mi355x().stages, mi300x().stages) == (2, 0.5)
+    assert (mi355x().stages, mi300x().stages) == (2, 2)
+    assert mi300x().tile_bytes == 16 * 1152  # a 16-token bf16 tile
 
 
 def test_calibration_report_labels_the_amd_numbers_as_predictions(cal):
@@ -298,4 +300,5 @@ def test_gfx950_bf16_q_has_one_buffer_in_flight():
     # split_mfma_gfx950.hip: bf16 Q keeps one quarter buffer per wave, quantized Q two.
     assert pm.amd_stages("gfx950", "hipmla_decode_split_gfx950_mxfp4_qbf16") == 1.0
     assert pm.amd_stages("gfx950", "hipmla_decode_split_gfx950_mxfp4_qfp8") == 2.0
-    assert pm.amd_stages("gfx942", "hipmla_decode_split_gfx942_bf16_qbf16") == 0.5
+    # split_mfma_gfx942.hip: a 3-stage ring, two tiles in flight behind the one computed.
+    assert pm.amd_stages("gfx942", "hipmla_decode_split_gfx942_bf16_qbf16") == 2.0

@@ -26,6 +26,14 @@ HIPMLA_DEVICE int wave_id() { return __builtin_amdgcn_readfirstlane(int(thread_i
 HIPMLA_DEVICE int lane_col() { return lane_id() % MFMA_N; }
 HIPMLA_DEVICE int lane_rowgroup() { return lane_id() / MFMA_N; }
 
+// Nothing moves across this point, neither loads nor anything else, in the compiler's IR or
+// its instruction schedulers: a kernel that counts its loads in flight (s_waitcnt vmcnt(N)
+// names "all but the N youngest") needs them issued in the order it wrote them.
+HIPMLA_DEVICE void keep_issue_order() {
+    asm volatile("" ::: "memory");
+    __builtin_amdgcn_sched_barrier(0);
+}
+
 // x of lane `src` (0..63) of the wave (ds_bpermute: no LDS storage, any lane pattern;
 // every lane of the wave must be active).
 HIPMLA_DEVICE unsigned lane_read(unsigned x, int src) {
@@ -90,6 +98,20 @@ HIPMLA_DEVICE float max_over_rowgroups(float x) {
 HIPMLA_DEVICE float sum_over_rowgroups(float x) {
     x += lane_xor<16>(x);
     return x + lane_xor<32>(x);
+}
+
+// Max / sum over the 16 lanes of a row group (lanes 16 (l / 16) .. + 15), xor-butterfly.
+HIPMLA_DEVICE float max_over_cols(float x) {
+    x = __builtin_fmaxf(x, lane_xor<1>(x));
+    x = __builtin_fmaxf(x, lane_xor<2>(x));
+    x = __builtin_fmaxf(x, lane_xor<4>(x));
+    return __builtin_fmaxf(x, lane_xor<8>(x));
+}
+HIPMLA_DEVICE float sum_over_cols(float x) {
+    x += lane_xor<1>(x);
+    x += lane_xor<2>(x);
+    x += lane_xor<4>(x);
+    return x + lane_xor<8>(x);
 }
 
 }  // namespace cdna

@@ -1,6 +1,7 @@
 // gfx942 (MI300X / MI325X, CDNA3) building blocks of the fast split kernel: wave64 lane
-// roles, the bf16 MFMA, fp8 (e4m3fnuz) and E2M1 -> f32 conversions, bf16 packing and
-// cross-lane reductions. Raw instructions live here and nowhere else.
+// roles, the bf16 MFMA, fp8 (e4m3fnuz) and E2M1 -> f32 conversions, bf16 packing, the
+// asynchronous global -> LDS dword copy and its counted wait. Raw instructions live here
+// and nowhere else.
 //
 // gfx942 has no scaled MFMA and no fp4 converts (both are gfx950 additions), so every KV
 // format is turned into bf16 in registers and multiplied on v_mfma_f32_16x16x16_bf16.
@@ -17,6 +18,12 @@
 //   lane % 16, rows 4 * (lane / 16) + 0..3.
 // - v_cvt_pk_f32_fp8 converts two e4m3fnuz bytes (word 0 or word 1 of the source) to two
 //   f32 on gfx940+ (CDNA3 ISA guide, "fp8 conversions"); 0x80 gives NaN.
+// - global_load_lds_dword (CDNA3 ISA guide, "global load LDS"; LLVM's
+//   llvm.amdgcn.global.load.lds, size 4 -- gfx942 has no 12- or 16-byte form, gfx950 added
+//   them): lane l's dword at its own global address lands at LDS M0 + offset + 4 l, and
+//   counts in vmcnt like any vector load. Vector memory operations of a wave return in
+//   issue order on CDNA (vmcnt counts down in order), which is what lets wait_vm<N> name
+//   "everything but the N youngest".
 // - v_perm_b32 (GCN3+ ISA guides): selector bytes 0..3 pick bytes of the second source,
 //   4..7 of the first; that makes it an 8-entry byte table.
 #pragma once
@@ -88,6 +95,41 @@ HIPMLA_DEVICE float e8m0_to_f32(unsigned code) {
     return code == 255u ? f32_from_bits(0x7fc00000u) : __builtin_ldexpf(1.0f, int(code) - 127);
 }
 
+
+// Asynchronous gather of 64 x 4 global bytes into 256 contiguous LDS bytes: lane l moves
+// the dword at its own `src` (4-byte aligned) to LDS bytes 4l..4l+3 after `lds_base`
+// (wave-uniform; the compiler puts it in M0). Wait with wait_vm before reading the copy.
+HIPMLA_DEVICE void gather_256_to_lds(const unsigned char* src, void* lds_base) {
+    typedef __attribute__((address_space(1))) void global_void;
+    typedef __attribute__((address_space(3))) void lds_void;
+    __builtin_amdgcn_global_load_lds((global_void*)src, (lds_void*)lds_base, 4, 0, 0);
+}
+
+// s_waitcnt vmcnt(N): every vector memory operation of this wave but the N issued last has
+// completed (in-order completion), LDS copies included. (The CPU harness, tests/host_cdna.h,
+// lands a copy when it is issued; its lanes meet here.)
+template <int N>
+HIPMLA_DEVICE void wait_vm() {
+    static_assert(N >= 0 && N < 64, "vmcnt is a 6-bit count on gfx9");
+#if defined(HIPMLA_HOST_PLATFORM)
+    wave_sync();
+#else
+    asm volatile("s_waitcnt vmcnt(%0)" ::"n"(N) : "memory");
+#endif
+}
+
+// The block's waves meet, with this wave's LDS reads and writes done before (s_waitcnt
+// lgkmcnt(0); s_barrier) -- block_sync without its fences: a workgroup release fence
+// also waits for every LDS copy in flight (vmcnt(0), clang-22), which would drain the
+// copy ring at every barrier. Only for barriers that publish LDS: the copies a wave
+// needs it waits for itself (wait_vm), and nothing here orders global memory.
+HIPMLA_DEVICE void lds_barrier() {
+#if defined(HIPMLA_HOST_PLATFORM)
+    block_sync();
+#else
+    asm volatile("s_waitcnt lgkmcnt(0)\n\ts_barrier" ::: "memory");
+#endif
+}
 
 }  // namespace gfx942
 }  // namespace hipmla

@@ -78,9 +78,20 @@ struct KvRows {
     int shift;
 
     // Cache row of token `t` of the sequence (64-bit: page id x page size exceeds int32).
-    HIPMLA_DEVICE long long row(int t) const {
+    HIPMLA_DEVICE long long row(int t) const { return row_at(t, pages == nullptr ? 0 : pages[t >> shift]); }
+
+    // row(t) in two steps, for a kernel that reads the page table a tile before it uses
+    // the rows and counts its loads in flight (decode/split_mfma_gfx942.hip): entry()
+    // makes exactly one load in either layout -- the page id, or for a contiguous cache
+    // `anchor` (any int the kernel may read; the value is not used) -- so every tile
+    // issues the same number of vector loads; row_at() forms the row from what it read.
+    HIPMLA_DEVICE int entry(int t, const int* anchor) const {
+        const int* src = pages != nullptr ? pages + (t >> shift) : anchor;
+        return *src;
+    }
+    HIPMLA_DEVICE long long row_at(int t, int entry) const {
         if (pages == nullptr) return first + t;
-        return ((long long)pages[t >> shift] << shift) | (t & ((1 << shift) - 1));
+        return ((long long)entry << shift) | (t & ((1 << shift) - 1));
     }
 };
 

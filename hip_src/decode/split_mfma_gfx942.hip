@@ -10,9 +10,9 @@
 // (core/merge.h). An empty item (only ever a whole empty sequence) writes 0 and LSE
 // -inf; a bad item (it.bad) sets the error word, reads no KV and writes NaN (output, or
 // partial: m, l and acc NaN), as split.hip does.
-// Numerics: those of hip_src/KERNELS.md for Q precision bf16, walked in the same
-// schedule as the gfx950 fast kernel (hipmla.emulate.GFX942_SCHEDULE, "Fast paths" in
-// hip_src/KERNELS.md).
+// Numerics: those of hip_src/KERNELS.md for Q precision bf16 with 16-token softmax tiles
+// and ONE softmax state per block: hipmla.emulate.emulate_work_item(tile=GFX942_TILE_TOKENS)
+// is its model (the reduction order inside a score is KERNELS.md's "any order").
 //
 // Specialisation (all required):
 //   HIPMLA_KV_FORMAT    0 bf16, 1 fp8, 2 mxfp4
@@ -24,40 +24,69 @@
 // both exact in bf16, so dequantizing to bf16 loses nothing; the fp8 tensor scale stays
 // out of the products and multiplies the score and the accumulator, as in split.hip.
 //
-// Block = 4 waves. An item of n tokens is ceil(n / 128) tiles; each tile is cut in four
-// 32-token quarters, quarter w to wave w (two 16-token MFMA groups), as on gfx950. A wave keeps its own online softmax for
-// all 16 heads (running max per quarter) and a 16 x 512 f32 accumulator; the waves meet
-// only to merge their states at the end, in wave order, through LDS.
+// Block = 4 waves, 256 threads; tile = 16 tokens (one MFMA group), staged in LDS. The
+// waves split the DIMENSIONS, not the tokens (as the sm_90 kernel's warps do): wave w owns
+// latent columns [128 w, 128 w + 128) -- 8 k-steps of Q.K and the 128 output columns of
+// its P.V -- and rope dims [512 + 16 w, 512 + 16 w + 16), one k-step. Per tile:
+//   Q.K   S^T_w = K Q^T over the wave's 144 dims, 9 v_mfma_f32_16x16x16_bf16 (A = K rows:
+//         token = lane % 16, 4 dims per lane and k-step; B = Q^T: head = lane % 16, Q held
+//         in 18 VGPRs for the whole item). A lane reads 16 consecutive dims of its token
+//         per chunk of 64 (one or two 16-byte LDS reads), 4 per k-step, and Q's registers
+//         follow the same map, so the k order agrees.
+//   sum   each wave writes its 16 x 16 partial to LDS (red); after a barrier wave w owns
+//         heads 4 w .. 4 w + 3, one score a lane (head 4 w + lane / 16, D row lane % 16):
+//         it adds the four partials in wave order, keeps those heads' running max (a
+//         16-lane max) and per-lane sums, and writes P = bf16_rne(exp2(s - m)) and alpha to
+//         LDS -- one softmax state per block, split over the waves (every wave running
+//         all of it cost ~60 VALU a tile more). After a second barrier a lane reads P^T
+//         (head lane % 16, D rows 4 g .. 4 g + 3: 8 bytes) as its P.V B operand, and its
+//         head's alpha.
+//   P.V   O^T_w += V^T P^T over the wave's 128 columns: 8 MFMAs, A = V^T (column = lane %
+//         16, the lane's 4 tokens), one dword of each of 4 rows per value group (element n
+//         of the dword is accumulator tile n). O^T stays in registers (32 per lane) and
+//         belongs to one head per lane, so alpha rescales it with no cross-lane traffic.
+// Copies: a ring of STAGES = 3 tiles filled by global_load_lds_dword (arch/gfx942.h; gfx942
+// has no 16-byte form), two tiles ahead: tile t + 2 is issued right after tile t's first
+// barrier, 18 / 9 / 5 copies of 256 B per wave (bf16 / fp8 / mxfp4; mxfp4's 4.5 per wave
+// are rounded up, the spare copies land in LDS no one reads). Each wave waits for its own
+// copies of tile t with a counted s_waitcnt vmcnt (wait_vm: vector memory completes in
+// order, so "all but the loads issued for the two tiles after it" is exact), then the
+// barrier publishes the whole stage. The page-table entries of tile t + 3 are read (one
+// load per lane: KvRows::entry) before tile t + 2's copies are issued, so the copies never
+// wait on a page-table read issued after older copies (which would drain the ring: vmcnt
+// cannot skip over the oldest). MXFP4's E8M0 bytes (16 rows x 18, at any stride and
+// alignment) come in 2 byte loads per thread with the tile's copies and are stored to the
+// stage at the end of the tile that issued them (their wait: all but that tile's copies).
+// Barriers per tile: 3 (stage landed and the last tile done; partials written; P written).
 //
-// No KV goes through LDS: every lane loads the KV bytes its MFMA operands need straight
-// from global memory (16 contiguous elements of one row for Q.K; one dword of each of 4
-// rows for P.V, the first 512 columns read a second time from cache). That keeps LDS at
-// Q (18,688 B, in one union with the 16 KiB merge buffer and the schedule's 2 KiB: 18,704
-// B in all), far inside gfx942's 64 KiB, so LDS
-// never limits occupancy.
+// LDS: a stage is the tile's rows as a contiguous cache would hold them (no padding, so
+// the copies are whole 256-byte blocks), with UNIT-byte units of a row permuted by an XOR
+// of the row (unit_xor); and the Q.K rows / P.V k-slots take the tokens in the order
+// token_of (the lane groups of one read land on different banks). Planned against 32
+// banks of 4 bytes (an assumption of how gfx942 serves 8-, 16- and 32-lane read phases):
+// bf16 (1152-byte rows, all on bank 0): 16-byte units, 3 XOR bits, rows 2e + (g & 1) +
+// 8 (g >> 1); fp8 (576 bytes, rows alternate halves of the banks): 16-byte units, 2 bits;
+// mxfp4 (288 bytes, rows 8 banks apart): 8-byte units, 2 bits, rows 4 e + 2 (g & 1) +
+// (g >> 1). With those, the 8 lanes of a 16-byte Q.K read (16 of an 8-byte one) and the 32
+// lanes of a P.V dword read hit distinct banks. Nothing has measured this on a gfx942.
+// Sizes: stages 3 x 18,432 (bf16), 3 x 9,216 (fp8), 3 x (5,120 + 320 scale bytes) (mxfp4),
+// + 4,096 B of partial scores that the schedule's scan shares, + P, alpha and the final l
+// (640 B): 60,096 / 32,448 / 21,072 B, so 1 / 2 / 3 blocks fit a CU's 64 KiB. Registers
+// (clang-22): 178 / 146 / 164 VGPRs, no AGPRs, no spills: the LDS bound holds (mxfp4's 3
+// waves per SIMD need <= 168). Per wave and tile (hipmla.aot's loop counts): 17 MFMAs,
+// 138 / 161 / 372 VALU, no vector-memory wait between the first MFMA and the last but
+// mxfp4's scale-byte wait before P.V (which waits for tile + 1's copies, needed next).
 //
-// Rows come from core/paged.h, so any page size (1..128) and any page ids work: at the
-// start of a tile each wave reads its quarter's 32 rows, one per lane (arch/cdna.h
-// QuarterRows: one page-table read per lane), and a lane takes the row of each token it
-// loads from there (ds_bpermute): one row per Q.K group, four per P.V group.
-//
-// Masked tail (arch/cdna.h): only the last tile may be partial. A token t of a quarter
-// with t >= valid (valid = the quarter's tokens before the item's end, wave-uniform, <= 0
-// for a quarter wholly past it) is loaded from the row of the item's last token
-// (quarter_rows clamps the row index: one v_min per quarter, so no load leaves the item,
-// the cache or the sequence's pages) and gets score -inf (masked_score: one compare and
-// one select per score, 8 per lane and tile; the lane's token base 4 g comes from the
-// opaque lane id inside the loop, which keeps fp8 at 2 waves per SIMD), so P = 0 exactly
-// and its finite V adds exact zeros. The running max starts at -FLT_MAX
-// (running_max_start): a wave with no valid token yet keeps alpha = 1 and P = 0, and an
-// empty wave merges with weight 0. report_bad_item sits at the very end: its atomic at the
-// top cost 5 VGPRs here.
-//
-// Lane roles (arch/gfx942.h): Q.K is computed transposed, S^T = K Q^T (A = K rows, B =
-// Q), so a lane ends with the scores of ONE head (lane_col) for tokens 4g..4g+3 of each
-// group (g = lane_rowgroup). Those four P values are exactly the lane's B operand of the
-// transposed P.V, O^T = V^T P^T, whose outputs again belong to one head per lane: alpha
-// rescales with no cross-lane traffic.
+// Rows come from core/paged.h, so any page size (1..128) and any page ids work. Masked
+// tail: only the last tile may be partial. A token past the item's end (the tile's
+// `valid` tokens, wave-uniform) is copied from the row of the item's last token (the
+// token index is clamped before its page-table read, so no load leaves the item, the cache
+// or the sequence's pages) and gets score -inf (masked_score), so P = 0 exactly and its
+// finite V adds exact zeros. The running max starts at -FLT_MAX (running_max_start); a
+// tile always has a valid token, so the first tile's alpha is 0 and the state that of a
+// max starting at -inf. report_bad_item sits at the very end, where nothing is live.
+// After the last tile, the owners write their heads' m and l (partial slot or LSE) and l to
+// LDS, where every wave reads its lanes' head's l to normalise its own output columns.
 #include "params.h"
 #include "common/config.h"
 #include "common/numerics.h"
@@ -89,72 +118,94 @@ namespace fast942 {
 using namespace gfx942;
 
 constexpr int KV = HIPMLA_KV_FORMAT;
+constexpr bool MXFP4 = KV == FORMAT_MXFP4;
 constexpr int WAVES = 4;
 constexpr int THREADS = WAVES * WAVE;
-constexpr int TILE = 128;                          // tokens per block step (p.fast_tile)
-constexpr int QUARTER = TILE / WAVES;              // tokens per wave step
-constexpr int GROUPS = QUARTER / MFMA_N;           // 16-token MFMA groups per quarter
-constexpr int ELEMS_PER_DWORD = KV == FORMAT_MXFP4 ? 8 : KV == FORMAT_FP8 ? 4 : 2;
+constexpr int TILE = MFMA_N;                       // tokens per tile and softmax step (p.fast_tile)
+constexpr int STAGES = 3;                          // tiles in LDS: the one read, two in flight
+constexpr int ELEMS_PER_DWORD = MXFP4 ? 8 : KV == FORMAT_FP8 ? 4 : 2;
 constexpr int ROW_BYTES = D_QK * 4 / ELEMS_PER_DWORD;
-// Q.K: a lane takes 16 consecutive elements of its row per chunk, 4 per k-step.
+constexpr int V_DIMS = D_V / WAVES;                // 128 latent columns per wave
+constexpr int ROPE_DIMS = (D_QK - D_V) / WAVES;    // 16 rope dims per wave: one k-step
+// Q.K: a lane takes 16 consecutive elements of its row per chunk of 64, 4 per k-step.
 constexpr int CHUNK = LANE_GROUPS * K_PER_LANE * LANE_GROUPS;  // 64 elements: 4 k-steps x 4 lane groups
-constexpr int CHUNKS = D_QK / CHUNK;                           // 9
+constexpr int CHUNKS = V_DIMS / CHUNK;                         // 2 per wave
 constexpr int LANE_CHUNK = CHUNK / LANE_GROUPS;                // 16 elements of one lane
-constexpr int LANE_CHUNK_DWORDS = LANE_CHUNK / ELEMS_PER_DWORD;
 constexpr int STEPS_PER_CHUNK = LANE_CHUNK / K_PER_LANE;       // 4
-// P.V: lane r reads dword 16 vg + r of a V row; element n of that dword is MFMA tile n.
-constexpr int V_GROUPS = D_V / (MFMA_N * ELEMS_PER_DWORD);
-constexpr int V_TILES = V_GROUPS * ELEMS_PER_DWORD;            // 32 for every format
-constexpr int MERGE_TILES = 16;                                // tiles per merge round (16 KiB of LDS)
-constexpr int MERGE_ROUNDS = V_TILES / MERGE_TILES;
-constexpr int TILES_PER_WAVE = MERGE_TILES / WAVES;            // output tiles each wave writes per round
+// P.V: lane r reads dword 16 vg + r of the wave's columns; element n of it is tile n.
+constexpr int V_GROUPS = V_DIMS / (MFMA_N * ELEMS_PER_DWORD);  // 4 / 2 / 1
+constexpr int V_TILES = V_GROUPS * ELEMS_PER_DWORD;            // 8 for every format
+// Copies: 256-byte blocks of a stage, COPIES per wave (mxfp4 rounded up: 18 -> 20 blocks).
+constexpr int STAGE_KV_BYTES = TILE * ROW_BYTES;
+constexpr int COPIES = (STAGE_KV_BYTES / 256 + WAVES - 1) / WAVES;
+constexpr int STAGE_COPY_BYTES = COPIES * WAVES * 256;
+constexpr int SCALES = D_QK / MX_BLOCK;                        // 18 E8M0 per row
+constexpr int SCALE_STRIDE = 20;                               // LDS bytes per row of scales
+constexpr int SCALE_LOADS = MXFP4 ? (TILE * SCALES + THREADS - 1) / THREADS : 0;  // 2 bytes per thread
+constexpr int VM_PER_TILE = 1 + COPIES + SCALE_LOADS;          // vector loads a wave issues per tile
+// Swizzle: units of UNIT bytes, XOR_BITS of the unit index flipped per row.
+constexpr int UNIT = MXFP4 ? 8 : 16;
+constexpr int XOR_BITS = KV == FORMAT_BF16 ? 3 : 2;
 
 static_assert(THREADS == BLOCK_THREADS, "the fast kernel launches the project's block size");
 static_assert(HEADS == MFMA_N, "one head per lane_col: H = 16");
-static_assert(QUARTER % MFMA_N == 0, "a quarter is whole MFMA groups");
-static_assert(QUARTER == QUARTER_ROWS, "a quarter's rows are one QuarterRows");
-static_assert(D_QK % CHUNK == 0, "Q.K chunks tile the row");
-static_assert(LANE_CHUNK % MX_BLOCK == 0 || MX_BLOCK % LANE_CHUNK == 0, "a lane's chunk sits in one MX block");
-static_assert(V_TILES == 32 && V_TILES % MERGE_TILES == 0, "32 accumulator tiles, merged in whole rounds");
-static_assert(TILES_PER_WAVE % 2 == 0 && ELEMS_PER_DWORD % 2 == 0, "outputs are written in column pairs");
-static_assert(GROUPS * MFMA_N == QUARTER && K_PER_LANE * LANE_GROUPS == MFMA_N && TILE == WAVES * QUARTER,
-              "masking: score (s, i) is token 16 s + 4 g + i of the quarter");
+static_assert(WAVES * WAVE == HEADS * TILE && HEADS / WAVES * MFMA_N == WAVE,
+              "the split softmax: one score of the tile per lane, 4 heads of 16 lanes per wave");
+static_assert(CHUNKS * CHUNK == V_DIMS && ROPE_DIMS == LANE_GROUPS * K_PER_LANE,
+              "a wave's dims: whole chunks of latent + one rope k-step");
+static_assert(V_TILES == 8 && V_GROUPS * MFMA_N * ELEMS_PER_DWORD == V_DIMS, "8 accumulator tiles per wave");
+static_assert(STAGE_KV_BYTES % 256 == 0 || MXFP4, "bf16 / fp8 stages are whole copy rounds");
+static_assert(ROW_BYTES % (UNIT << XOR_BITS) == 0, "the XOR stays inside the row");
+static_assert(LANE_CHUNK * 4 / ELEMS_PER_DWORD % UNIT == 0 || LANE_CHUNK * 4 / ELEMS_PER_DWORD == UNIT,
+              "a lane's chunk is whole units");
+static_assert(MX_BLOCK % LANE_CHUNK == 0, "a lane's chunk sits in one MX block");
+static_assert(!MXFP4 || SCALE_LOADS * THREADS >= TILE * SCALES, "the scale loads cover the tile's E8M0 bytes");
+static_assert(VM_PER_TILE + 1 < 64, "the waits' counts fit vmcnt");
 
-struct Merge {
-    float m[WAVES][HEADS];
-    float l[WAVES][HEADS];
-    alignas(16) float acc[MERGE_TILES * 4][WAVE];  // one round of a wave's accumulators, register order
+struct alignas(16) Stage {
+    alignas(16) unsigned char kv[STAGE_COPY_BYTES];             // TILE rows (+ mxfp4's spare copies)
+    unsigned char scale[MXFP4 ? TILE * SCALE_STRIDE : 16];      // mxfp4: [row][block] E8M0
 };
 
-// Q in LDS, [head][dim] rows padded so that the 16 heads' reads of one k-step start 4
-// banks apart (2 lanes a bank: the fewest passes for 16 lanes x 4 dwords).
-constexpr int Q_STRIDE = D_QK + 8;                             // bf16 per head row (1,168 B)
-
-struct Smem {
+struct alignas(16) Smem {
+    Stage stage[STAGES];
     union {
-        ScheduleSmem<THREADS> sched;                   // the block's work item (start)
-        alignas(16) unsigned short q[HEADS * Q_STRIDE];  // bf16 Q (the tile loop)
-        Merge merge;                                   // the four waves' states (end)
+        ScheduleSmem<THREADS> sched;                             // the block's work item (start)
+        alignas(16) f32x4 red[WAVES][WAVE];                      // the waves' partial scores (tiles)
     };
-    int last;                                          // arrive_last's flag
+    alignas(16) unsigned short pt[HEADS][TILE];                  // the tile's P (bf16), [head][D row]
+    float alpha[HEADS];                                          // the tile's rescale per head
+    float head_l[HEADS];                                         // the item's l per head (end)
+    int last;                                                    // arrive_last's flag
 };
-static_assert(Q_STRIDE % 8 == 0, "16-byte Q rows");
+static_assert(sizeof(ScheduleSmem<THREADS>) <= sizeof(f32x4) * WAVES * WAVE, "the scan fits the partials");
 
-HIPMLA_DEVICE const unsigned char* row_ptr(const MlaDecodeParams& p, long long row) {
-    return static_cast<const unsigned char*>(p.kv) + row * ROW_BYTES;
+// Token (0..15) of D row / k-slot 4 g + e of a tile: rows a 16- or 32-lane read phase
+// reads together sit on different banks (see the header).
+HIPMLA_DEVICE constexpr int token_step() { return MXFP4 ? 4 : 2; }
+HIPMLA_DEVICE int token_base(int g) { return MXFP4 ? 2 * (g & 1) + (g >> 1) : (g & 1) + 8 * (g >> 1); }
+HIPMLA_DEVICE int token_of(int x) { return token_base(x / 4) + token_step() * (x % 4); }
+
+// Byte offset in the stage of byte `b` of row `r` (and, the XOR being an involution, the
+// source byte that lands at LDS byte b of row r).
+HIPMLA_DEVICE int unit_xor(int r) {
+    if constexpr (KV == FORMAT_BF16) return ((r & 1) << 2) | ((r >> 1) & 3);
+    if constexpr (KV == FORMAT_FP8) return (r >> 1) & 3;
+    return (r >> 2) & 3;
 }
+HIPMLA_DEVICE int stage_offset(int r, int b) { return r * ROW_BYTES + (b ^ (unit_xor(r) * UNIT)); }
 
-// The f32 scale of MX block `blk` of `row` (1 for formats without block scales).
-HIPMLA_DEVICE float block_scale(const MlaDecodeParams& p, long long row, int blk) {
-    if constexpr (KV == FORMAT_MXFP4) return e8m0_to_f32(p.kv_scale[row * p.stride_kv_scale + blk]);
+// The f32 scale of an E8M0 byte in the stage (1 for formats without block scales).
+HIPMLA_DEVICE float stage_scale(const Stage& st, int r, int blk) {
+    if constexpr (MXFP4) return e8m0_to_f32(st.scale[r * SCALE_STRIDE + blk]);
     return 1.0f;
 }
 
 // ELEMS_PER_DWORD values of one KV dword as f32 (exact), element order; MXFP4 times its
 // block scale. Not for bf16, whose words are operands already.
-template <int F>
+template <int F = KV>
 HIPMLA_DEVICE void dword_to_f32(unsigned w, float scale, float* out) {
-    static_assert(F == FORMAT_FP8 || F == FORMAT_MXFP4, "bf16 words need no conversion");
+    static_assert(F != FORMAT_BF16, "bf16 words need no conversion");
     if constexpr (F == FORMAT_FP8) {
         const f32x2 lo = fp8x2_to_f32<false>(w), hi = fp8x2_to_f32<true>(w);
         out[0] = lo.x; out[1] = lo.y; out[2] = hi.x; out[3] = hi.y;
@@ -165,96 +216,112 @@ HIPMLA_DEVICE void dword_to_f32(unsigned w, float scale, float* out) {
     }
 }
 
-// This lane's Q.K operands of chunk j: 16 consecutive elements of `src` starting at
-// 64 j + 16 g, as 8 dwords of bf16 pairs (k-step i = dwords 2i, 2i + 1). Q (bf16) and
-// K rows (any format) go through the same mapping, so the k order agrees.
-HIPMLA_DEVICE void k_chunk(const MlaDecodeParams& p, long long row, int j, unsigned* dw) {
-    const int e0 = CHUNK * j + LANE_CHUNK * lane_rowgroup();
-    const unsigned char* src = row_ptr(p, row) + e0 * 4 / ELEMS_PER_DWORD;
+// `n` elements of row `r` starting at element e0 (n / ELEMS_PER_DWORD dwords, one read) as
+// bf16 pairs: n = 16 for a Q.K chunk (8 pairs), 4 for the rope k-step (2 pairs).
+template <int N>
+HIPMLA_DEVICE void k_pairs(const Stage& st, int r, int e0, unsigned* dw) {
+    constexpr int DWORDS = N / ELEMS_PER_DWORD;
+    const int b = e0 * 4 / ELEMS_PER_DWORD;
     if constexpr (KV == FORMAT_BF16) {
-        const u32x4 a = reinterpret_cast<const u32x4*>(src)[0], b = reinterpret_cast<const u32x4*>(src)[1];
-        const unsigned w[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+        // 32 bytes = two units: each is read from its own (XOR-permuted) place.
 #pragma unroll
-        for (int k = 0; k < 8; ++k) dw[k] = w[k];
-    } else {
-        unsigned w[LANE_CHUNK_DWORDS];
-        if constexpr (KV == FORMAT_FP8) {
-            const u32x4 a = *reinterpret_cast<const u32x4*>(src);
-            w[0] = a.x; w[1] = a.y; w[2] = a.z; w[3] = a.w;
-        } else {
-            const u32x2 a = *reinterpret_cast<const u32x2*>(src);
-            w[0] = a.x; w[1] = a.y;
+        for (int u = 0; u < DWORDS; u += 4) {
+            const int bu = b + 4 * u;
+            if constexpr (DWORDS >= 4) {
+                const u32x4 a = *reinterpret_cast<const u32x4*>(st.kv + stage_offset(r, bu));
+                dw[u] = a.x; dw[u + 1] = a.y; dw[u + 2] = a.z; dw[u + 3] = a.w;
+            } else {
+                const u32x2 a = *reinterpret_cast<const u32x2*>(st.kv + stage_offset(r, bu));
+                dw[u] = a.x; dw[u + 1] = a.y;
+            }
         }
-        const float scale = block_scale(p, row, e0 / MX_BLOCK);
-        float f[LANE_CHUNK];
+    } else {
+        unsigned w[DWORDS > 0 ? DWORDS : 1];
+        if constexpr (N == LANE_CHUNK && KV == FORMAT_FP8) {
+            const u32x4 a = *reinterpret_cast<const u32x4*>(st.kv + stage_offset(r, b));
+            w[0] = a.x; w[1] = a.y; w[2] = a.z; w[3] = a.w;
+        } else if constexpr (N == LANE_CHUNK) {
+            const u32x2 a = *reinterpret_cast<const u32x2*>(st.kv + stage_offset(r, b));
+            w[0] = a.x; w[1] = a.y;
+        } else if constexpr (KV == FORMAT_FP8) {
+            w[0] = *reinterpret_cast<const unsigned*>(st.kv + stage_offset(r, b));
+        } else {
+            w[0] = *reinterpret_cast<const unsigned short*>(st.kv + stage_offset(r, b));
+        }
+        const float scale = stage_scale(st, r, e0 / MX_BLOCK);
+        float f[N > ELEMS_PER_DWORD ? N : ELEMS_PER_DWORD];
 #pragma unroll
-        for (int d = 0; d < LANE_CHUNK_DWORDS; ++d) dword_to_f32<KV>(w[d], scale, f + d * ELEMS_PER_DWORD);
+        for (int d = 0; d < (N + ELEMS_PER_DWORD - 1) / ELEMS_PER_DWORD; ++d) dword_to_f32(w[d], scale, f + d * ELEMS_PER_DWORD);
 #pragma unroll
-        for (int k = 0; k < 8; ++k) dw[k] = bf16_pair_exact(f[2 * k], f[2 * k + 1]);
+        for (int k = 0; k < N / 2; ++k) dw[k] = bf16_pair_exact(f[2 * k], f[2 * k + 1]);
     }
 }
 
-// Q of `row` into LDS as it is: 16-byte chunks, 4.5 per thread.
-HIPMLA_DEVICE void stage_q(unsigned short* qs, const MlaDecodeParams& p, int row) {
-    const unsigned short* q = static_cast<const unsigned short*>(p.q) + (long long)row * HEADS * D_QK;
-    constexpr int PER_HEAD = D_QK / 8;
-    for (int c = int(thread_index()); c < HEADS * PER_HEAD; c += THREADS) {
-        const int h = c / PER_HEAD, k = c % PER_HEAD;
-        *reinterpret_cast<u32x4*>(qs + h * Q_STRIDE + 8 * k) = *reinterpret_cast<const u32x4*>(q + h * D_QK + 8 * k);
+// Element offsets of this lane's Q.K operands: chunk j (16 elements) and the rope k-step.
+HIPMLA_DEVICE int chunk_elem(int w, int j, int g) { return V_DIMS * w + CHUNK * j + LANE_CHUNK * g; }
+HIPMLA_DEVICE int rope_elem(int w, int g) { return D_V + ROPE_DIMS * w + K_PER_LANE * g; }
+
+// This lane's Q^T operand (head lane_col, the dims chunk_elem / rope_elem give), straight
+// from global memory into the registers it keeps for the item.
+struct QSlice {
+    u32x4 c[CHUNKS][2];
+    u32x2 rope;
+};
+HIPMLA_DEVICE QSlice load_q(const MlaDecodeParams& p, int row, int w) {
+    const unsigned short* q = static_cast<const unsigned short*>(p.q) + ((long long)row * HEADS + lane_col()) * D_QK;
+    QSlice s;
+#pragma unroll
+    for (int j = 0; j < CHUNKS; ++j) {
+        const u32x4* src = reinterpret_cast<const u32x4*>(q + chunk_elem(w, j, lane_rowgroup()));
+        s.c[j][0] = src[0];
+        s.c[j][1] = src[1];
     }
+    s.rope = *reinterpret_cast<const u32x2*>(q + rope_elem(w, lane_rowgroup()));
+    return s;
 }
 
-// S^T of 16-token group s of the quarter of `rows`: D[4g + i][h] = k_{16 s + 4g + i} . q_h
-// (raw). B = Q^T (column = head lane_col) from LDS, the same 16 elements per chunk as K
-// (64 j + 16 g ..): Q in registers would hold 72 VGPRs across the tile loop.
-HIPMLA_DEVICE f32x4 group_scores(const MlaDecodeParams& p, const QuarterRows& rows, int s, const unsigned short* qs) {
-    const long long row = rows.at(MFMA_N * s + lane_col());  // A row = token
-    const unsigned short* qrow = qs + lane_col() * Q_STRIDE + LANE_CHUNK * lane_rowgroup();
+// S^T_w of the tile in `st`: D[4g + i][h] = k_{token_of(4g + i)} . q_h over wave w's dims.
+HIPMLA_DEVICE f32x4 partial_scores(const Stage& st, const QSlice& q, int w) {
+    const int r = token_of(lane_col());  // A row lane_col = this token's row
+    const int g = lane_rowgroup();
     f32x4 d = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
     for (int j = 0; j < CHUNKS; ++j) {
         unsigned dw[8];
-        k_chunk(p, row, j, dw);
-        const u32x4 qa = reinterpret_cast<const u32x4*>(qrow + CHUNK * j)[0];
-        const u32x4 qb = reinterpret_cast<const u32x4*>(qrow + CHUNK * j)[1];
-        const u32x2 qstep[STEPS_PER_CHUNK] = {{qa.x, qa.y}, {qa.z, qa.w}, {qb.x, qb.y}, {qb.z, qb.w}};
+        k_pairs<LANE_CHUNK>(st, r, chunk_elem(w, j, g), dw);
+        const u32x2 qs[STEPS_PER_CHUNK] = {{q.c[j][0].x, q.c[j][0].y}, {q.c[j][0].z, q.c[j][0].w},
+                                           {q.c[j][1].x, q.c[j][1].y}, {q.c[j][1].z, q.c[j][1].w}};
 #pragma unroll
-        for (int i = 0; i < STEPS_PER_CHUNK; ++i) d = mfma_bf16_16x16x16(u32x2{dw[2 * i], dw[2 * i + 1]}, qstep[i], d);
+        for (int i = 0; i < STEPS_PER_CHUNK; ++i) d = mfma_bf16_16x16x16(u32x2{dw[2 * i], dw[2 * i + 1]}, qs[i], d);
     }
-    return d;
+    unsigned rp[2];
+    k_pairs<K_PER_LANE>(st, r, rope_elem(w, g), rp);
+    return mfma_bf16_16x16x16(u32x2{rp[0], rp[1]}, q.rope, d);
 }
 
-// acc[vg * ELEMS_PER_DWORD + n] += V^T P^T for group s of the quarter of `rows`: D row x
-// of that tile is value column ELEMS_PER_DWORD * (16 vg + x) + n, D column the head
-// lane_col. `pt` is P^T as this lane's bf16 pairs (tokens 16 s + 4g + 0..3).
-HIPMLA_DEVICE void group_pv(const MlaDecodeParams& p, const QuarterRows& rows, int s, u32x2 pt, f32x4* acc) {
-    const int r = lane_col();
-    // Tokens 16 s + 4 g + e: the lane id is opaque here, so the bpermute indices are made
-    // per call instead of eight of them being held across the tile loop.
-    const int t0 = MFMA_N * s + K_PER_LANE * (lane_id_fresh() / MFMA_N);
-    long long row[K_PER_LANE];
-#pragma unroll
-    for (int e = 0; e < K_PER_LANE; ++e) row[e] = rows.at(t0 + e);
+// acc[vg * ELEMS_PER_DWORD + n] += V^T P^T over the tile in `st`: D row x of that tile is
+// value column V_DIMS w + ELEMS_PER_DWORD (16 vg + x) + n, D column the head lane_col.
+// `pt` is P^T as this lane's bf16 pairs (k-slots 4 g + 0..3).
+HIPMLA_DEVICE void tile_pv(const Stage& st, int w, u32x2 pt, f32x4* acc) {
+    const int c = lane_col();
+    const int g = lane_rowgroup();
 #pragma unroll
     for (int vg = 0; vg < V_GROUPS; ++vg) {
-        // One value group at a time: hoisting the next group's loads and converts would
-        // hold their registers next to the 128 accumulators.
-        __builtin_amdgcn_sched_barrier(0);
-        const int word = MFMA_N * vg + r;
-        unsigned w[K_PER_LANE];
+        const int word = V_DIMS * w / ELEMS_PER_DWORD + MFMA_N * vg + c;
+        unsigned wd[K_PER_LANE];
 #pragma unroll
-        for (int e = 0; e < K_PER_LANE; ++e) w[e] = reinterpret_cast<const unsigned*>(row_ptr(p, row[e]))[word];
+        for (int e = 0; e < K_PER_LANE; ++e)
+            wd[e] = *reinterpret_cast<const unsigned*>(st.kv + stage_offset(token_of(4 * g + e), 4 * word));
         if constexpr (KV == FORMAT_BF16) {
-            acc[2 * vg] = mfma_bf16_16x16x16(u32x2{pick_halves<true>(w[0], w[1]), pick_halves<true>(w[2], w[3])}, pt, acc[2 * vg]);
-            acc[2 * vg + 1] = mfma_bf16_16x16x16(u32x2{pick_halves<false>(w[0], w[1]), pick_halves<false>(w[2], w[3])}, pt,
-                                                 acc[2 * vg + 1]);
+            acc[2 * vg] = mfma_bf16_16x16x16(u32x2{pick_halves<true>(wd[0], wd[1]), pick_halves<true>(wd[2], wd[3])}, pt,
+                                             acc[2 * vg]);
+            acc[2 * vg + 1] = mfma_bf16_16x16x16(
+                u32x2{pick_halves<false>(wd[0], wd[1]), pick_halves<false>(wd[2], wd[3])}, pt, acc[2 * vg + 1]);
         } else {
             float f[K_PER_LANE][ELEMS_PER_DWORD];
 #pragma unroll
-            for (int e = 0; e < K_PER_LANE; ++e) {
-                const float scale = block_scale(p, row[e], word * ELEMS_PER_DWORD / MX_BLOCK);
-                dword_to_f32<KV>(w[e], scale, f[e]);
-            }
+            for (int e = 0; e < K_PER_LANE; ++e)
+                dword_to_f32(wd[e], stage_scale(st, token_of(4 * g + e), word * ELEMS_PER_DWORD / MX_BLOCK), f[e]);
 #pragma unroll
             for (int n = 0; n < ELEMS_PER_DWORD; ++n) {
                 const u32x2 a = {bf16_pair_exact(f[0][n], f[1][n]), bf16_pair_exact(f[2][n], f[3][n])};
@@ -264,9 +331,115 @@ HIPMLA_DEVICE void group_pv(const MlaDecodeParams& p, const QuarterRows& rows, i
     }
 }
 
-// Output column of accumulator tile `tile`, D row 4 g + i.
-HIPMLA_DEVICE int value_column(int tile, int g, int i) {
-    return ELEMS_PER_DWORD * (MFMA_N * (tile / ELEMS_PER_DWORD) + K_PER_LANE * g + i) + tile % ELEMS_PER_DWORD;
+// Output column of accumulator tile `tile`, D row 4 g + i, of wave w.
+HIPMLA_DEVICE int value_column(int w, int tile, int g, int i) {
+    return V_DIMS * w + ELEMS_PER_DWORD * (MFMA_N * (tile / ELEMS_PER_DWORD) + K_PER_LANE * g + i) +
+           tile % ELEMS_PER_DWORD;
+}
+
+// The item's tiles as the copies see them: the token a lane's page-table read is for
+// (lane l: token l % 16 of tile u, clamped to the item's last), and the row it gives.
+struct ItemRows {
+    KvRows kv;
+    const int* anchor;  // a readable int for KvRows::entry on a contiguous cache
+    int begin, last;
+
+    HIPMLA_DEVICE int token(int u) const {
+        const int t = begin + TILE * u + lane_id() % TILE;
+        return t < last ? t : last;
+    }
+    HIPMLA_DEVICE int entry(int u) const { return kv.entry(token(u), anchor); }
+    // The row of this lane's token of tile u, in 32 bits (arch/cdna.h QuarterRows: rows of
+    // any cache that fits a device do).
+    HIPMLA_DEVICE unsigned row(int u, int entry) const { return unsigned(kv.row_at(token(u), entry)); }
+};
+
+// Wave w's copies of a tile: copy c moves the 256 stage bytes of block 4 c + w, lane l the
+// dword at byte 4 l of it, i.e. byte b of stage row r, from byte b ^ XOR of the cache row
+// of token r. The (r, b ^ XOR) of each copy are the same every tile: made once per lane
+// (copy_map, 16 + 16 bits) and held across the loop. Spare blocks past the tile (mxfp4)
+// copy the tile's first dword again.
+struct CopyMap {
+    unsigned at[COPIES];  // (stage row r) << 16 | source byte within the row
+};
+HIPMLA_DEVICE CopyMap copy_map(int w) {
+    CopyMap m;
+#pragma unroll
+    for (int c = 0; c < COPIES; ++c) {
+        const int at = 256 * (WAVES * c + w) + 4 * lane_id();
+        const bool spare = MXFP4 && at >= STAGE_KV_BYTES;
+        const int r = spare ? 0 : at / ROW_BYTES;
+        const int src = spare ? 0 : (at % ROW_BYTES) ^ (unit_xor(r) * UNIT);
+        m.at[c] = unsigned(r) << 16 | unsigned(src);
+    }
+    return m;
+}
+
+// The cache rows of a tile's copies come from `mine` (lane r: the row of token r) by
+// ds_bpermute, all of them before the first copy so the exchanges pipeline.
+HIPMLA_DEVICE void issue_copies(Stage& st, const MlaDecodeParams& p, unsigned mine, const CopyMap& m, int w) {
+    const unsigned char* kv = static_cast<const unsigned char*>(p.kv);
+    unsigned row[COPIES];
+#pragma unroll
+    for (int c = 0; c < COPIES; ++c) row[c] = lane_read(mine, int(m.at[c] >> 16));
+#pragma unroll
+    for (int c = 0; c < COPIES; ++c)
+        gather_256_to_lds(kv + (unsigned long long)row[c] * ROW_BYTES + (m.at[c] & 0xffffu), st.kv + 256 * (WAVES * c + w));
+}
+
+// MXFP4: this thread's E8M0 bytes of a tile (thread k: bytes k and k + 256 of the tile's
+// 16 x 18, the second a repeat of the first where it is past them), loaded with the
+// tile's copies and stored to its stage at the end of the tile in which they were issued.
+struct ScaleBytes {
+    unsigned b[SCALE_LOADS > 0 ? SCALE_LOADS : 1];
+};
+HIPMLA_DEVICE int scale_index(int k) {
+    const int i = int(thread_index()) + THREADS * k;
+    return i < TILE * SCALES ? i : int(thread_index());
+}
+HIPMLA_DEVICE ScaleBytes load_scales(const MlaDecodeParams& p, unsigned mine) {
+    ScaleBytes s;
+#pragma unroll
+    for (int k = 0; k < SCALE_LOADS; ++k) {
+        const int i = scale_index(k);
+        const long long row = (long long)lane_read(mine, i / SCALES);
+        s.b[k] = p.kv_scale[row * p.stride_kv_scale + i % SCALES];
+    }
+    return s;
+}
+HIPMLA_DEVICE void store_scales(Stage& st, const ScaleBytes& s) {
+#pragma unroll
+    for (int k = 0; k < SCALE_LOADS; ++k) {
+        const int i = scale_index(k);
+        st.scale[(i / SCALES) * SCALE_STRIDE + i % SCALES] = (unsigned char)s.b[k];
+    }
+}
+
+// Tile u's loads, in the order the waits count on: the page-table entries of tile u + 1
+// (`entry`), tile u's scale bytes, then its copies (rows from `mine`). Every tile issues
+// all of them, tiles past the item's end included (their tokens clamp to its last: the
+// same row again, mostly from cache), so each wave issues VM_PER_TILE loads per tile and
+// every wait is one constant: no branch, no merge of paths for the compiler's own waits
+// to be conservative about (one that was cost a vmcnt(0) per tile).
+HIPMLA_DEVICE ScaleBytes issue_tile(Stage& dst, const MlaDecodeParams& p, const ItemRows& rows, int u, unsigned mine,
+                                    const CopyMap& m, int& entry, int w) {
+    keep_issue_order();
+    entry = rows.entry(u + 1);
+    keep_issue_order();
+    ScaleBytes s = {};
+    if constexpr (MXFP4) s = load_scales(p, mine);
+    keep_issue_order();
+    issue_copies(dst, p, mine, m, w);
+    keep_issue_order();
+    return s;
+}
+
+// The end of a tile that issued tile u's loads: its scale bytes go to the stage and tile
+// u + 1's rows are formed from their entries. Both wait (the compiler's vmcnt) for all but
+// tile u's copies: tile u - 1's, the next tile's, have landed by then anyway.
+HIPMLA_DEVICE unsigned finish_issue(Stage& dst, const ItemRows& rows, int u, const ScaleBytes& s, int entry) {
+    if constexpr (MXFP4) store_scales(dst, s);
+    return rows.row(u + 1, entry);
 }
 
 }  // namespace fast942
@@ -277,100 +450,100 @@ HIPMLA_KERNEL(hipmla::fast942::THREADS) void HIPMLA_FAST_NAME(const MlaDecodePar
     using namespace hipmla::gfx942;
     using namespace hipmla::fast942;
     HIPMLA_SHARED Smem smem;
-    Merge& sm = smem.merge;
 
     const WorkItem it = schedule_item<THREADS>(p, int(block_index()), smem.sched);
     // p.fast_tile = 0: every item (any length, empty and bad ones too). p.fast_tile > 0:
-    // only the items split.hip skips (valid, whole fast tiles), as before masked tails.
+    // only the items split.hip skips (valid, whole fast tiles).
     if (it.seq < 0 || (p.fast_tile > 0 && !it.fast)) return;
     // An item with invalid device-side input reads no KV and writes NaN (below).
     const int n_tokens = it.bad ? 0 : it.end - it.begin;
-    const int seq = it.seq;  // its kv rows
     const int row = it.row;  // its q, out and lse: 16 heads of one query token
     const int n_tiles = (n_tokens + TILE - 1) / TILE;  // the last one may be partial
-    const int last = it.begin + n_tokens - 1;          // the item's last token (n_tokens > 0)
     const int slot = it.n_items > 1 ? it.slot : -1;
     const int w = wave_id();
     const int lane = lane_id();
     const int h = lane_col();
     const int g = lane_rowgroup();
-    const KvRows kv = kv_rows(p, seq);
-    const int quarter_begin = it.begin + QUARTER * w;  // this wave's first token of tile 0
+    const ItemRows rows{kv_rows(p, it.seq), p.kv_indptr + it.seq, it.begin, it.begin + n_tokens - 1};
     // fp8: the tensor scale stays out of the products (split.hip's order: c * scale first).
     const float score_scale = KV == FORMAT_FP8 ? p.sm_scale_log2 * p.kv_fp8_scale : p.sm_scale_log2;
     const float value_scale = KV == FORMAT_FP8 ? p.kv_fp8_scale : 1.0f;
 
-    stage_q(smem.q, p, row);  // over the schedule's scan: every thread is past it
-    block_sync();
 
-    float m_run = running_max_start();  // head h, log2 units; equal in the 4 lane groups
-    float l_lane = 0.0f;    // head h, this lane's tokens
+    // The softmax is split over the waves: wave w owns heads 4 w .. 4 w + 3, a lane one
+    // score of the tile: head my_head, D row my_row (token token_of(my_row)), which the
+    // partials hold at lane my_head + 16 (my_row / 4), element my_row % 4.
+    const int my_head = 4 * w + lane / MFMA_N;
+    const int my_row = lane % MFMA_N;
+    const int my_token = token_of(my_row);
+    const float* my_partial = reinterpret_cast<const float*>(&smem.red[0][my_head + MFMA_N * (my_row / 4)]) + my_row % 4;
+    float m_run = running_max_start();  // head my_head, log2 units
+    float l_lane = 0.0f;                // head my_head, this lane's tokens
     f32x4 acc[V_TILES];
 #pragma unroll
     for (int t = 0; t < V_TILES; ++t) acc[t] = f32x4{0.0f, 0.0f, 0.0f, 0.0f};
 
-    for (int tile = 0; tile < n_tiles; ++tile) {
-        // The quarter's rows, read where nothing else is in flight: row() uses the page id
-        // as soon as it has read it, so a read a tile ahead would only move the wait (and
-        // the loop-carried copy costs registers that fp8 does not have below 256).
-        // Rows past the item's end are clamped to its last token (a partial last tile).
-        const QuarterRows rows = quarter_rows(kv, quarter_begin + TILE * tile, last);
-        // Tokens of this quarter before the item's end (wave-uniform; >= 32 but on the last
-        // tile): the others get -inf, so P = 0 for them.
-        const int valid = it.begin + n_tokens - (quarter_begin + TILE * tile);
-        // Score (s, i) of this lane is token 16 s + 4 g + i of its quarter (D row 4 g + i);
-        // g from the opaque lane id, made here rather than held across the loop.
-        const int token_base = K_PER_LANE * (lane_id_fresh() / MFMA_N);
-        f32x4 score[GROUPS];
-        float tile_max = running_max_start();
+    // An empty or bad item reads nothing (its tokens would clamp to no row).
+    if (n_tiles > 0) {
+    // Q first, then tile 0's page-table entries: the wait for those (the youngest) is the
+    // wait for Q too, on the only path into the loop, so the compiler knows Q's registers
+    // have landed there (with Q's loads still pending on some path into it, it waited for
+    // them, vmcnt(13) in fp8, behind the next tile's copies every tile). Then the ring's
+    // first two tiles.
+    const QSlice q = load_q(p, row, w);
+    const CopyMap map = copy_map(w);
+    int entry = 0;
+    unsigned mine = rows.row(0, rows.entry(0));  // this lane's row of the next tile to issue
 #pragma unroll
-        for (int s = 0; s < GROUPS; ++s) {
-            score[s] = group_scores(p, rows, s, smem.q);
-#pragma unroll
-            for (int i = 0; i < 4; ++i) {
-                score[s][i] = masked_score(score[s][i] * score_scale, token_base, MFMA_N * s + i, valid);
-                tile_max = __builtin_fmaxf(tile_max, score[s][i]);
-            }
-        }
-        const float m_new = __builtin_fmaxf(m_run, max_over_rowgroups(tile_max));
-        const float alpha = exp2_f32(m_run - m_new);
-        m_run = m_new;
-        u32x2 pt[GROUPS];
-        float psum = 0.0f;
-#pragma unroll
-        for (int s = 0; s < GROUPS; ++s) {
-            unsigned bits[4];
-#pragma unroll
-            for (int i = 0; i < 4; ++i) {
-                bits[i] = f32_to_bf16_bits(exp2_f32(score[s][i] - m_new));
-                psum += bf16_to_f32(bits[i]);
-            }
-            pt[s] = u32x2{bits[0] | (bits[1] << 16), bits[2] | (bits[3] << 16)};
-        }
-        l_lane = l_lane * alpha + psum;
-#pragma unroll
-        for (int t = 0; t < V_TILES; ++t) acc[t] *= alpha;
-#pragma unroll
-        for (int s = 0; s < GROUPS; ++s) group_pv(p, rows, s, pt[s], acc);
+    for (int u = 0; u < STAGES - 1; ++u) {
+        const ScaleBytes sb = issue_tile(smem.stage[u], p, rows, u, mine, map, entry, w);
+        mine = finish_issue(smem.stage[u], rows, u, sb, entry);
     }
 
-    // Merge the four waves: M = max m_w, weights exp2(m_w - M), L = sum in wave order,
-    // acc = ((w0 a0 + w1 a1) + w2 a2) + w3 a3, accumulated through LDS in two rounds of
-    // 16 tiles (the fp8 tensor scale rides on the weight).
-    const float l_wave = sum_over_rowgroups(l_lane);
-    block_sync();  // every wave is done with Q, which the merge overwrites
-    if (g == 0) {
-        sm.m[w][h] = m_run;
-        sm.l[w][h] = l_wave;
+    for (int tile = 0; tile < n_tiles; ++tile) {
+        Stage& st = smem.stage[tile % STAGES];
+        Stage& refill = smem.stage[(tile + STAGES - 1) % STAGES];  // tile + 2's
+        // This wave's copies of the tile have landed: younger are only tile + 1's loads.
+        wait_vm<VM_PER_TILE>();
+        // Every wave's copies of this tile have landed, and every wave is done with tile
+        // - 1 (its stage, refilled next, and the partial scores).
+        lds_barrier();
+        const ScaleBytes sb = issue_tile(refill, p, rows, tile + STAGES - 1, mine, map, entry, w);
+
+        smem.red[w][lane] = partial_scores(st, q, w);
+        lds_barrier();
+        // This lane's score: the four waves' partials added in wave order.
+        float s = my_partial[0];
+#pragma unroll
+        for (int k = 1; k < WAVES; ++k) s += my_partial[k * WAVE * 4];
+        // Tokens of this tile before the item's end (wave-uniform; 16 but on the last tile).
+        const int valid = n_tokens - TILE * tile;
+        s = masked_score(s * score_scale, my_token, 0, valid);
+        const float m_new = __builtin_fmaxf(m_run, max_over_cols(s));
+        const float alpha = exp2_f32(m_run - m_new);
+        m_run = m_new;
+        const unsigned bits = f32_to_bf16_bits(exp2_f32(s - m_new));
+        l_lane = l_lane * alpha + bf16_to_f32(bits);
+        smem.pt[my_head][my_row] = (unsigned short)bits;
+        if (my_row == 0) smem.alpha[my_head] = alpha;
+        lds_barrier();
+        // P^T as this lane's B operand (head h, D rows 4 g .. 4 g + 3) and head h's alpha.
+        const u32x2 pt = *reinterpret_cast<const u32x2*>(&smem.pt[h][K_PER_LANE * g]);
+        const float a = smem.alpha[h];
+#pragma unroll
+        for (int t = 0; t < V_TILES; ++t) acc[t] *= a;
+        tile_pv(st, w, pt, acc);
+        mine = finish_issue(refill, rows, tile + STAGES - 1, sb, entry);
     }
-    block_sync();
-    float big_m = sm.m[0][h];
-#pragma unroll
-    for (int k = 1; k < WAVES; ++k) big_m = __builtin_fmaxf(big_m, sm.m[k][h]);
-    float big_l = 0.0f;
-#pragma unroll
-    for (int k = 0; k < WAVES; ++k) big_l += exp2_f32(sm.m[k][h] - big_m) * sm.l[k][h];
-    float weight = exp2_f32(m_run - big_m) * value_scale;
+    // The loads issued for the two tiles past the end land before the block leaves (they
+    // write LDS).
+    wait_vm<0>();
+    }
+
+    // Head my_head's state: m_run, and l over its 16 lanes.
+    float big_m = m_run;
+    float big_l = sum_over_cols(l_lane);
+    float weight = value_scale;
     if (it.bad) {  // NaN partial or output: the merge turns it into NaN for the sequence
         const float nan = f32_from_bits(0x7fc00000u);
         big_m = nan;
@@ -378,51 +551,42 @@ HIPMLA_KERNEL(hipmla::fast942::THREADS) void HIPMLA_FAST_NAME(const MlaDecodePar
         weight = nan;  // every accumulator cell becomes NaN
     }
     // An empty item (an empty sequence: one item, slot < 0) has big_l = 0 and acc = 0:
-    // dividing by 1 gives its output 0, and big_m + log2(0) its LSE -inf. NaN stays NaN.
-    const float denom = big_l <= 0.0f ? 1.0f : big_l;
-
-    if (slot >= 0 && lane < HEADS && w == 0) {
-        p.part_ml[(slot * HEADS + h) * 2] = big_m;
-        p.part_ml[(slot * HEADS + h) * 2 + 1] = big_l;
-    } else if (slot < 0 && lane < HEADS && w == 0 && p.lse != nullptr) {
-        p.lse[(long long)row * HEADS + h] = big_l <= 0.0f ? f32_from_bits(0xff800000u) : (big_m + log2_f32(big_l)) * 0.6931471805599453f;
-    }
-#pragma unroll
-    for (int round = 0; round < MERGE_ROUNDS; ++round) {
-        for (int k = 0; k < WAVES; ++k) {
-            if (k == w) {
-#pragma unroll
-                for (int t = 0; t < MERGE_TILES; ++t) {
-#pragma unroll
-                    for (int i = 0; i < 4; ++i) {
-                        float* cell = &sm.acc[t * 4 + i][lane];
-                        const float mine = acc[round * MERGE_TILES + t][i] * weight;
-                        *cell = k == 0 ? mine : *cell + mine;
-                    }
-                }
-            }
-            block_sync();
+    // dividing by 1 gives its output 0, and its LSE is -inf. NaN stays NaN.
+    if (my_row == 0) {
+        smem.head_l[my_head] = big_l;
+        if (slot >= 0) {
+            p.part_ml[(slot * HEADS + my_head) * 2] = big_m;
+            p.part_ml[(slot * HEADS + my_head) * 2 + 1] = big_l;
+        } else if (p.lse != nullptr) {
+            p.lse[(long long)row * HEADS + my_head] =
+                big_l <= 0.0f ? f32_from_bits(0xff800000u) : (big_m + log2_f32(big_l)) * 0.6931471805599453f;
         }
-        // Wave w writes tiles 4w..4w+3 of the round; tiles 2u, 2u + 1 are adjacent columns.
+    }
+    lds_barrier();
+    const float l_h = smem.head_l[h];  // head h's l, for this lane's outputs
+    const float denom = l_h <= 0.0f ? 1.0f : l_h;
+    // Tiles vg * E + 0..E-1 at D row 4 g + i are E adjacent columns of head h.
 #pragma unroll
-        for (int u = 0; u < TILES_PER_WAVE; u += 2) {
-            const int t = TILES_PER_WAVE * w + u;
+    for (int vg = 0; vg < V_GROUPS; ++vg) {
 #pragma unroll
-            for (int i = 0; i < 4; ++i) {
-                const float v0 = sm.acc[t * 4 + i][lane], v1 = sm.acc[(t + 1) * 4 + i][lane];
-                const int col = value_column(round * MERGE_TILES + t, g, i);
-                if (slot >= 0) {
-                    *reinterpret_cast<f32x2*>(p.part_acc + ((long long)slot * HEADS + h) * D_V + col) = f32x2{v0, v1};
-                } else {
-                    *reinterpret_cast<unsigned*>(static_cast<unsigned short*>(p.out) + ((long long)row * HEADS + h) * D_V + col) =
-                        pack_bf16x2(v0 / denom, v1 / denom);
-                }
+        for (int i = 0; i < 4; ++i) {
+            const int col = value_column(w, vg * ELEMS_PER_DWORD, g, i);
+            float v[ELEMS_PER_DWORD];
+#pragma unroll
+            for (int n = 0; n < ELEMS_PER_DWORD; ++n) v[n] = acc[vg * ELEMS_PER_DWORD + n][i] * weight;
+            if (slot >= 0) {
+                float* dst = p.part_acc + ((long long)slot * HEADS + h) * D_V + col;
+#pragma unroll
+                for (int n = 0; n < ELEMS_PER_DWORD; n += 2) *reinterpret_cast<f32x2*>(dst + n) = f32x2{v[n], v[n + 1]};
+            } else {
+                unsigned* dst = reinterpret_cast<unsigned*>(static_cast<unsigned short*>(p.out) +
+                                                            ((long long)row * HEADS + h) * D_V + col);
+#pragma unroll
+                for (int n = 0; n < ELEMS_PER_DWORD; n += 2) dst[n / 2] = pack_bf16x2(v[n] / denom, v[n + 1] / denom);
             }
         }
-        block_sync();  // the buffer is free for the next round
     }
-    // A bad item's error bits: here, where nothing else is live (at the top of the kernel
-    // the atomic's registers would stay allocated next to the accumulators).
+    // A bad item's error bits: here, where nothing else is live.
     report_bad_item(p, it);
     // A split sequence: the last of its items to finish (this kernel's or split.hip's)
     // merges the slots.

@@ -100,6 +100,7 @@ def main_loop(instructions: Sequence[Instruction], symbol: str, base: int) -> li
 
 _TRANSCENDENTAL = ("v_exp_", "v_log_", "v_rcp_", "v_rsq_", "v_sqrt_", "v_sin_", "v_cos_")
 _LDS_WIDTH = {"b128": 16, "b96": 12, "b64": 8, "2addr_b64": 16}
+_LDS_COPY_WIDTH = {"global_load_lds_dwordx4": 16, "global_load_lds_dword": 4}
 
 
 def _mfma_cycles(ins: Instruction) -> int:
@@ -124,7 +125,8 @@ def count_loop(instructions: Sequence[Instruction], symbol: str) -> LoopCounts:
         suffix = x.mnemonic.split("_", 2)[-1]
         lds_bytes += 64 * _LDS_WIDTH.get(suffix, 4)
     glds = [x for x in instructions if x.mnemonic.startswith(("global_load", "buffer_load"))]
-    lds_bytes += sum(64 * 16 for x in glds if x.mnemonic == "global_load_lds_dwordx4")
+    # LDS copies write their bytes into LDS: 16 (gfx950's dwordx4) or 4 (dword) per lane.
+    lds_bytes += sum(64 * _LDS_COPY_WIDTH[x.mnemonic] for x in glds if x.mnemonic in _LDS_COPY_WIDTH)
     at = [i for i, x in enumerate(instructions) if x.mnemonic.startswith("v_mfma")]
     math = instructions[at[0]:at[-1] + 1] if at else []
     return LoopCounts(
