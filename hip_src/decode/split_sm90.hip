@@ -175,15 +175,6 @@ constexpr int RED_STRIDE = 40;                      // floats per (warp, head) r
 constexpr int PRODUCER_ROWS = THREADS / 8;          // one row per 8 threads
 constexpr int SCALE_SLOTS = (SCALES + 7) / 8;       // E8M0 bytes per producer thread
 constexpr unsigned BF16X2_2P120 = 0x7B807B80u;      // (2^120, 2^120)
-// fp8: the 4 rope chunks of a stage row (16 bytes each, chunks 32..35) are stored in the
-// order chunk ^ rope_xor(row): the 8 rows g of a Q.K rope read (2 bytes a lane, rows
-// 8 j + g, each 576 bytes = 16 banks past the last) then hit 8 banks instead of 2 (a
-// 4-way conflict: on the H200 81% of fp8's excess shared-memory wavefronts, Nsight
-// Compute at 49f9333, fp8 64x8k). The rope bytes of a row lie in one 128-byte line, so the
-// copies still write whole lines. bf16 (padded rows) and mxfp4 (1-byte rope reads) keep
-// the plain order.
-constexpr bool ROPE_SWIZZLE = FP8;
-constexpr int ROPE_CHUNK0 = D_V * BITS / 8 / 16;    // the row's first rope chunk
 // dims of a lane's register: dim = 64 w + 16 t + dim_offset(kk, r) + DIM_STEP * e, where
 // kk = k-step, r = register of the B operand (slots 2t.. or 2t+8..), e = half.
 constexpr int DIM_STEP = KV == FORMAT_BF16 ? 1 : FP8 ? 2 : 4;
@@ -195,10 +186,6 @@ static_assert(KSTEPS * 16 == V_DIMS && ROPE_DIMS == 8, "4 k16-steps + 1 k8-step 
 static_assert(WARPS * 2 == HEADS, "softmax: two heads per warp");
 static_assert(ROW_BYTES % 16 == 0 && ROW_STRIDE % 16 == 0, "16-byte copies");
 static_assert(MX_BLOCK % 16 == 0, "a lane's 16 latent dims lie in one E8M0 block");
-static_assert(!ROPE_SWIZZLE || (CHUNKS - ROPE_CHUNK0 == 4 && ROPE_DIMS * WARPS == 64 && ROW_STRIDE % 64 == 0),
-              "fp8 rope: 4 chunks in one 64-byte run of a line, permuted by a 2-bit XOR");
-
-HIPMLA_DEVICE int rope_xor(int row) { return ROPE_SWIZZLE ? (row >> 1) & 3 : 0; }
 
 HIPMLA_DEVICE constexpr int dim_offset(int kk, int r) {
     return KV == FORMAT_BF16 ? 4 * kk + 2 * r : FP8 ? 4 * kk + r : 8 * (kk >> 1) + 2 * (kk & 1) + r;
@@ -296,17 +283,6 @@ extern "C" __global__ void __launch_bounds__(hipmla::sm90k::THREADS, 2) HIPMLA_S
     auto copy_offset = [&](int c) {
         return !ROTATE || c < NO_WRAP || first + 8 * c < CHUNKS ? 128 * c : 128 * c - 16 * CHUNKS;
     };
-    // Where copy c lands: its own offset, but a rope chunk (fp8) at its permuted place. Made
-    // from the thread index inside each tile's copies (opaque_int): held across the loop,
-    // the per-copy offsets cost ptxas its last registers (8 bytes of stack).
-    auto dst_offset = [&](int c) {
-        const int off = copy_offset(c);
-        if constexpr (!ROPE_SWIZZLE) return off;
-        const int me = opaque_int(tid);
-        const int r = (ROTATE ? (LINE - (me >> 3) * ROW_STRIDE % LINE) % LINE / 16 : 0) + (me & 7) + off / 16 -
-                      ROPE_CHUNK0;  // this copy's rope chunk 0..3, else outside
-        return r >= 0 && r < 4 ? off + 16 * ((r ^ rope_xor(me >> 3)) - r) : off;
-    };
     const unsigned char* kv_base = static_cast<const unsigned char*>(p.kv);
     unsigned scale_bytes[SCALE_SLOTS];
     long long scale_row = 0;
@@ -320,8 +296,8 @@ extern "C" __global__ void __launch_bounds__(hipmla::sm90k::THREADS, 2) HIPMLA_S
             const unsigned dst = smem_address(sm.ring.stage[tile % STAGES].kv + prow * ROW_STRIDE + 16 * first);
             const unsigned bytes = valid ? 16u : 0u;
 #pragma unroll
-            for (int c = 0; c < CHUNKS / 8; ++c) cp_async_16(dst + dst_offset(c), src + copy_offset(c), bytes);
-            if (psub < CHUNKS % 8) cp_async_16(dst + dst_offset(CHUNKS / 8), src + copy_offset(CHUNKS / 8), bytes);
+            for (int c = 0; c < CHUNKS / 8; ++c) cp_async_16(dst + copy_offset(c), src + copy_offset(c), bytes);
+            if (psub < CHUNKS % 8) cp_async_16(dst + copy_offset(CHUNKS / 8), src + copy_offset(CHUNKS / 8), bytes);
         }
         cp_async_commit();
     };
@@ -454,8 +430,7 @@ extern "C" __global__ void __launch_bounds__(hipmla::sm90k::THREADS, 2) HIPMLA_S
                     kf[j][kk][0] = mul_bf16x2(w2[0], BF16X2_2P120);
                     kf[j][kk][1] = mul_bf16x2(w2[1], BF16X2_2P120);
                 }
-                const unsigned h2 = *reinterpret_cast<const unsigned short*>(
-                    row + 16 * (ROPE_CHUNK0 + ((ROPE_DIMS * warp / 16) ^ rope_xor(srow))) + ROPE_DIMS * warp % 16 + 2 * t);
+                const unsigned h2 = *reinterpret_cast<const unsigned short*>(row + D_V + ROPE_DIMS * warp + 2 * t);
                 unsigned w2[2];
                 e4m3x4_to_bf16x2_scaled_down(__byte_perm(h2, 0u, 0x4140), w2);
                 krj = mul_bf16x2(w2[0], BF16X2_2P120);
