@@ -114,6 +114,13 @@
 // conversion, movmatrix, partials, both mma) 77.6 / 247.3, of which 16.6 / 27.1 is not
 // the loop. No one part dominates: the loop is a chain of phases between barriers, and
 // fp8 (18% fewer instructions) takes about as long as mxfp4.
+// Tried and dropped (H200, 2026-12-01, ab7137e, L2 flushed, scripts/results/
+// h200-2026-12-01-bench-rope-swizzle.txt): storing fp8's 4 rope chunks XOR-permuted by
+// (row >> 1) & 3 removes the rope reads' 4-way bank conflict (81% of fp8's excess shared
+// wavefronts), but each tile's copies then made their destinations from the thread index
+// (held in registers, the offsets cost ptxas 8 bytes of stack): fp8 32x8k / 64x8k /
+// 256x8k went 74.9 / 127.1 / 444.6 -> 78.8 / 135.2 / 479.9 us. The kernel is issue-bound;
+// the extra instructions cost more than the conflict did.
 #include "params.h"
 #include "common/config.h"
 #include "common/numerics.h"
