@@ -34,6 +34,24 @@ HIPMLA_DEVICE void keep_issue_order() {
     __builtin_amdgcn_sched_barrier(0);
 }
 
+// x counts as used here, so the load that produced it is issued (and waited for here)
+// even where nothing else reads it.
+HIPMLA_DEVICE void keep_loaded(int x) {
+#if defined(HIPMLA_HOST_PLATFORM)
+    (void)x;
+#else
+    asm volatile("" ::"v"(x));
+#endif
+}
+
+// x, as two registers the compiler must hold both of (an empty asm that "changes" the pair),
+// so v_pk_* instructions read a pair of its own rather than x.x beside an unrelated register.
+HIPMLA_DEVICE void opaque_pair(f32x2& x) {
+#if !defined(HIPMLA_HOST_PLATFORM)
+    asm volatile("" : "+v"(x));
+#endif
+}
+
 // x of lane `src` (0..63) of the wave (ds_bpermute: no LDS storage, any lane pattern;
 // every lane of the wave must be active).
 HIPMLA_DEVICE unsigned lane_read(unsigned x, int src) {

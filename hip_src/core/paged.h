@@ -82,9 +82,10 @@ struct KvRows {
 
     // row(t) in two steps, for a kernel that reads the page table a tile before it uses
     // the rows and counts its loads in flight (decode/split_mfma_gfx942.hip): entry()
-    // makes exactly one load in either layout -- the page id, or for a contiguous cache
-    // `anchor` (any int the kernel may read; the value is not used) -- so every tile
-    // issues the same number of vector loads; row_at() forms the row from what it read.
+    // reads one int in either layout -- the page id, or for a contiguous cache `anchor`
+    // (any int the kernel may read; row_at() does not use it) -- so every tile can issue
+    // the same number of vector loads, provided the caller keeps the value as used (a
+    // compiler drops an unused load); row_at() forms the row from what it read.
     HIPMLA_DEVICE int entry(int t, const int* anchor) const {
         const int* src = pages != nullptr ? pages + (t >> shift) : anchor;
         return *src;

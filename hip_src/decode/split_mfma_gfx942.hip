@@ -48,16 +48,17 @@
 // Copies: a ring of STAGES = 3 tiles filled by global_load_lds_dword (arch/gfx942.h; gfx942
 // has no 16-byte form), two tiles ahead: tile t + 2 is issued right after tile t's first
 // barrier, 18 / 9 / 5 copies of 256 B per wave (bf16 / fp8 / mxfp4; mxfp4's 4.5 per wave
-// are rounded up, the spare copies land in LDS no one reads). Each wave waits for its own
-// copies of tile t with a counted s_waitcnt vmcnt (wait_vm: vector memory completes in
-// order, so "all but the loads issued for the two tiles after it" is exact), then the
-// barrier publishes the whole stage. The page-table entries of tile t + 3 are read (one
-// load per lane: KvRows::entry) before tile t + 2's copies are issued, so the copies never
-// wait on a page-table read issued after older copies (which would drain the ring: vmcnt
-// cannot skip over the oldest). MXFP4's E8M0 bytes (16 rows x 18, at any stride and
-// alignment) come in 2 byte loads per thread with the tile's copies and are stored to the
-// stage at the end of the tile that issued them (their wait: all but that tile's copies).
-// Barriers per tile: 3 (stage landed and the last tile done; partials written; P written).
+// are rounded up, the spare copies land in LDS no one reads). The page-table entries of
+// tile t + 3 are read (one load per lane: KvRows::entry) before tile t + 2's copies are
+// issued, and MXFP4's E8M0 bytes (16 rows x 18, at any stride and alignment: 2 byte loads
+// per thread) between them. At the top of tile t + 1 the wave finishes tile t + 2's issue
+// (finish_issue: its scale bytes to the stage, the rows of tile t + 3 from their
+// entries), which waits for every load but tile t + 2's copies: vector memory completes in
+// order, so that is also the wait for this wave's copies of tile t + 1 (wait_vm<COPIES>
+// says so), and the copies never wait on a page-table read issued after older copies
+// (which would drain the ring: vmcnt cannot skip over the oldest). Then a barrier
+// publishes the stage. Barriers per tile: 3 (stage landed and the last tile done;
+// partials written; P written).
 //
 // LDS: a stage is the tile's rows as a contiguous cache would hold them (no padding, so
 // the copies are whole 256-byte blocks), with UNIT-byte units of a row permuted by an XOR
@@ -69,13 +70,15 @@
 // mxfp4 (288 bytes, rows 8 banks apart): 8-byte units, 2 bits, rows 4 e + 2 (g & 1) +
 // (g >> 1). With those, the 8 lanes of a 16-byte Q.K read (16 of an 8-byte one) and the 32
 // lanes of a P.V dword read hit distinct banks. Nothing has measured this on a gfx942.
-// Sizes: stages 3 x 18,432 (bf16), 3 x 9,216 (fp8), 3 x (5,120 + 320 scale bytes) (mxfp4),
+// Sizes: stages 3 x 18,448 (bf16), 3 x 9,232 (fp8; both with a 16-byte stub of the scale
+// array), 3 x (5,120 + 320 scale bytes) (mxfp4),
 // + 4,096 B of partial scores that the schedule's scan shares, + P, alpha and the final l
 // (640 B): 60,096 / 32,448 / 21,072 B, so 1 / 2 / 3 blocks fit a CU's 64 KiB. Registers
-// (clang-22): 178 / 146 / 164 VGPRs, no AGPRs, no spills: the LDS bound holds (mxfp4's 3
+// (clang-22): 178 / 146 / 162 VGPRs, no AGPRs, no spills: the LDS bound holds (mxfp4's 3
 // waves per SIMD need <= 168). Per wave and tile (hipmla.aot's loop counts): 17 MFMAs,
-// 138 / 161 / 372 VALU, no vector-memory wait between the first MFMA and the last but
-// mxfp4's scale-byte wait before P.V (which waits for tile + 1's copies, needed next).
+// 143 / 165 / 377 VALU, no vector-memory wait between a tile's first MFMA and its last
+// (all at its top: with finish_issue at the end of the tile clang placed its wait among
+// the P.V MFMAs).
 //
 // Rows come from core/paged.h, so any page size (1..128) and any page ids work. Masked
 // tail: only the last tile may be partial. A token past the item's end (the tile's
@@ -420,7 +423,8 @@ HIPMLA_DEVICE void store_scales(Stage& st, const ScaleBytes& s) {
 // all of them, tiles past the item's end included (their tokens clamp to its last: the
 // same row again, mostly from cache), so each wave issues VM_PER_TILE loads per tile and
 // every wait is one constant: no branch, no merge of paths for the compiler's own waits
-// to be conservative about (one that was cost a vmcnt(0) per tile).
+// to be conservative about (one that was cost a vmcnt(0) per tile). The loads are not
+// waited for here: their registers are used only by the next tile's finish_issue.
 HIPMLA_DEVICE ScaleBytes issue_tile(Stage& dst, const MlaDecodeParams& p, const ItemRows& rows, int u, unsigned mine,
                                     const CopyMap& m, int& entry, int w) {
     keep_issue_order();
@@ -434,11 +438,14 @@ HIPMLA_DEVICE ScaleBytes issue_tile(Stage& dst, const MlaDecodeParams& p, const 
     return s;
 }
 
-// The end of a tile that issued tile u's loads: its scale bytes go to the stage and tile
-// u + 1's rows are formed from their entries. Both wait (the compiler's vmcnt) for all but
-// tile u's copies: tile u - 1's, the next tile's, have landed by then anyway.
+// Tile u's issue finished, at the top of the tile before it: its scale bytes go to the
+// stage and tile u + 1's rows are formed from their entries. Both wait (the compiler's
+// vmcnt) for all but tile u's copies. The entry is kept as loaded (keep_loaded): a
+// contiguous cache does not use its value, and a load the compiler drops would leave
+// every count one short (one of a tile's copies still in flight at its wait).
 HIPMLA_DEVICE unsigned finish_issue(Stage& dst, const ItemRows& rows, int u, const ScaleBytes& s, int entry) {
     if constexpr (MXFP4) store_scales(dst, s);
+    keep_loaded(entry);
     return rows.row(u + 1, entry);
 }
 
@@ -485,30 +492,31 @@ HIPMLA_KERNEL(hipmla::fast942::THREADS) void HIPMLA_FAST_NAME(const MlaDecodePar
 
     // An empty or bad item reads nothing (its tokens would clamp to no row).
     if (n_tiles > 0) {
-    // Q first, then tile 0's page-table entries: the wait for those (the youngest) is the
-    // wait for Q too, on the only path into the loop, so the compiler knows Q's registers
-    // have landed there (with Q's loads still pending on some path into it, it waited for
-    // them, vmcnt(13) in fp8, behind the next tile's copies every tile). Then the ring's
-    // first two tiles.
+    // Q first, then the ring's first two tiles. Q's loads are on the only path into the
+    // loop, and the prologue's finish_issue waits for all but tile 0's copies, so the
+    // compiler knows Q's registers have landed when the loop starts (with Q's loads still
+    // pending on some path into it, it waited for them every tile, vmcnt(13) in fp8, behind
+    // the next tile's copies).
     const QSlice q = load_q(p, row, w);
     const CopyMap map = copy_map(w);
     int entry = 0;
     unsigned mine = rows.row(0, rows.entry(0));  // this lane's row of the next tile to issue
-#pragma unroll
-    for (int u = 0; u < STAGES - 1; ++u) {
-        const ScaleBytes sb = issue_tile(smem.stage[u], p, rows, u, mine, map, entry, w);
-        mine = finish_issue(smem.stage[u], rows, u, sb, entry);
-    }
+    ScaleBytes sb = issue_tile(smem.stage[0], p, rows, 0, mine, map, entry, w);
+    mine = finish_issue(smem.stage[0], rows, 0, sb, entry);
+    sb = issue_tile(smem.stage[1], p, rows, 1, mine, map, entry, w);
 
     for (int tile = 0; tile < n_tiles; ++tile) {
         Stage& st = smem.stage[tile % STAGES];
         Stage& refill = smem.stage[(tile + STAGES - 1) % STAGES];  // tile + 2's
-        // This wave's copies of the tile have landed: younger are only tile + 1's loads.
-        wait_vm<VM_PER_TILE>();
+        // Tile + 1's loads but its copies have landed (its scale bytes go to its stage, the
+        // rows of tile + 2 are formed), and with them this wave's copies of this tile,
+        // issued before them: the younger loads are tile + 1's copies alone.
+        mine = finish_issue(smem.stage[(tile + 1) % STAGES], rows, tile + 1, sb, entry);
+        wait_vm<COPIES>();
         // Every wave's copies of this tile have landed, and every wave is done with tile
         // - 1 (its stage, refilled next, and the partial scores).
         lds_barrier();
-        const ScaleBytes sb = issue_tile(refill, p, rows, tile + STAGES - 1, mine, map, entry, w);
+        sb = issue_tile(refill, p, rows, tile + STAGES - 1, mine, map, entry, w);
 
         smem.red[w][lane] = partial_scores(st, q, w);
         lds_barrier();
@@ -530,10 +538,16 @@ HIPMLA_KERNEL(hipmla::fast942::THREADS) void HIPMLA_FAST_NAME(const MlaDecodePar
         // P^T as this lane's B operand (head h, D rows 4 g .. 4 g + 3) and head h's alpha.
         const u32x2 pt = *reinterpret_cast<const u32x2*>(&smem.pt[h][K_PER_LANE * g]);
         const float a = smem.alpha[h];
+        // As a real (a, a) register pair: with a alone clang fed v_pk_mul_f32 a pair whose
+        // other half held MXFP4's scale byte in flight, so the rescale waited for that load.
+        f32x2 a2 = {a, a};
+        opaque_pair(a2);
 #pragma unroll
-        for (int t = 0; t < V_TILES; ++t) acc[t] *= a;
+        for (int t = 0; t < V_TILES; ++t) {
+            acc[t].xy *= a2;
+            acc[t].zw *= a2;
+        }
         tile_pv(st, w, pt, acc);
-        mine = finish_issue(refill, rows, tile + STAGES - 1, sb, entry);
     }
     // The loads issued for the two tiles past the end land before the block leaves (they
     // write LDS).

@@ -52,8 +52,9 @@ class LoopCounts:
     global_loads: int  # global_load* / buffer_load* (LDS copies included)
     salu: int  # s_* (waits and branches included)
     total: int
-    # s_waitcnt on vmcnt between the loop's first and last MFMA: a wait for memory inside
-    # the tile's math (the next tile's copies must not be waited for there)
+    # s_waitcnt on vmcnt between the first and last MFMA of one trip, the trip taken from
+    # the top of a tile (main_loop): a wait for memory inside the tile's math (the next
+    # tile's copies must not be waited for there)
     vm_waits_in_math: int = 0
 
 
@@ -95,7 +96,22 @@ def main_loop(instructions: Sequence[Instruction], symbol: str, base: int) -> li
             best, best_key = body, key
     if not best:
         raise ValueError(f"symbol: {symbol!r} has no loop")
-    return best
+    return _from_the_top(best, base)
+
+
+def _from_the_top(body: list[Instruction], base: int) -> list[Instruction]:
+    """The body in the order one trip runs it from the top of a tile. clang may rotate a
+    loop: the backward branch's target is then mid-trip and the exit test (a conditional
+    branch out of the body) ends a trip; the instructions after the exit test start one.
+    Only vm_waits_in_math depends on the order."""
+    first, last = body[0].address, body[-1].address
+    exits = [i for i, x in enumerate(body[:-1]) if x.mnemonic.startswith("s_cbranch")
+             and (m := _BRANCH_TARGET.search(x.operands)) is not None
+             and not first <= base + int(m.group(1), 16) <= last]
+    if not exits:
+        return body
+    k = exits[-1] + 1
+    return body[k:] + body[:k]
 
 
 _TRANSCENDENTAL = ("v_exp_", "v_log_", "v_rcp_", "v_rsq_", "v_sqrt_", "v_sin_", "v_cos_")
