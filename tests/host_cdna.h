@@ -8,10 +8,15 @@
 // layouts the arch headers cite (AMD's matrix-core documentation); an emulation written
 // from the same reading cannot confirm that reading. In particular the fp8 B-operand
 // striping of the gfx950 scaled MFMA (the header's one unconfirmed fact) is assumed here
-// exactly as there. Async copies land when issued, so a missing wait goes unnoticed.
+// exactly as there. Async copies land when issued, or only at the vmcnt wait that covers
+// them: a missing or short vmcnt wait shows as stale data in the second mode
+// (test_fast_kernels_on_cpu_wait_for_their_copies); a missing lgkmcnt wait before a copy
+// overwrites a buffer still being read does not (the harness's reads are synchronous).
 //
 // Cross-lane instructions (MFMA, ds_bpermute, readfirstlane) are a rendezvous of the 64
 // threads of a wave (tests/host_lanes.h).
+// Copies land when issued, or (hipmla_host_late_copies) only at the s_waitcnt vmcnt that
+// covers them, so a missing or short wait shows up as stale LDS (tests/host_harness.py).
 // MFMA products are exact in double and summed in double, then rounded once to f32: the
 // hardware's internal order is not documented, and the kernels' bound against the
 // emulator is the test.
@@ -196,10 +201,11 @@ inline hipmla::f32x2 cvt_pk_f32_fp8(int word, bool high) {
 #endif
 }
 
-// global_load_lds (dwordx4 on gfx950): lane l's `size` bytes to LDS base + offset + size l.
+// global_load_lds (dwordx4 on gfx950, dword on gfx942): lane l's `size` bytes to LDS base +
+// offset + size l, asynchronously (hipmla::host_copy: at once, or at the wait that covers it).
 inline void global_load_lds(const void* src, void* lds_base, int size, int offset, int aux) {
     if (aux != 0) unsupported("a global_load_lds cache policy (aux != 0)");
-    std::memcpy(static_cast<unsigned char*>(lds_base) + offset + size * lane(), src, size_t(size));
+    hipmla::host_copy(static_cast<unsigned char*>(lds_base) + offset + size * lane(), src, size_t(size));
 }
 
 }  // namespace hipmla_cdna

@@ -8,6 +8,8 @@ HOST_PRELUDE = r"""
 #include <atomic>
 #include <barrier>
 #include <cmath>
+#include <cstring>
+#include <deque>
 #include <thread>
 #include <vector>
 #define HIPMLA_HOST_PLATFORM 1
@@ -38,6 +40,31 @@ inline void atomic_or_device(int* p, int v) { std::atomic_ref<int>(*p).fetch_or(
 inline void atomic_or_block(int* p, int v) { std::atomic_ref<int>(*p).fetch_or(v); }
 inline f32x4 load_coherent(const f32x4* p) { return *p; }
 inline float load_coherent(const float* p) { return *p; }
+// Asynchronous copies (the CDNA global -> LDS copies, tests/host_cdna.h). They land when
+// issued, unless host_late_copies is set: then a copy lands only when its lane's
+// s_waitcnt vmcnt covers it (host_wait_vm(n): all but the lane's n newest copies -- fewer
+// than the hardware lands, whose count also holds the plain loads that complete at once
+// here), so a wait that does not cover a copy its reader needs shows as stale data. A copy
+// still pending when its thread ends is LDS written after the block: the launch counts it.
+struct HostCopy {
+    void* dst;
+    const void* src;
+    size_t n;
+};
+inline thread_local std::deque<HostCopy> host_copies;
+inline int host_late_copies = 0;
+inline std::atomic<int> host_copies_left{0};
+inline void host_copy(void* dst, const void* src, size_t n) {
+    if (host_late_copies) host_copies.push_back(HostCopy{dst, src, n});
+    else std::memcpy(dst, src, n);
+}
+inline void host_wait_vm(int n) {
+    while (int(host_copies.size()) > n) {
+        const HostCopy c = host_copies.front();
+        host_copies.pop_front();
+        std::memcpy(c.dst, c.src, c.n);
+    }
+}
 }  // namespace hipmla
 """
 
@@ -49,9 +76,20 @@ extern "C" void hipmla_host_launch(MlaDecodeParams p, int grid, int threads) {
         hipmla::host_block = unsigned(b);
         std::vector<std::thread> pool;
         for (int t = 0; t < threads; ++t)
-            pool.emplace_back([p, t] { hipmla::host_thread = unsigned(t); HIPMLA_HOST_KERNEL(p); });
+            pool.emplace_back([p, t] {
+                hipmla::host_thread = unsigned(t);
+                HIPMLA_HOST_KERNEL(p);
+                hipmla::host_copies_left += int(hipmla::host_copies.size());
+                hipmla::host_copies.clear();
+            });
         for (auto& th : pool) th.join();
     }
+}
+// Late copies on (1) or off (0) for the next launches; returns the copies left pending at
+// thread ends since the last call.
+extern "C" int hipmla_host_late_copies(int on) {
+    hipmla::host_late_copies = on;
+    return hipmla::host_copies_left.exchange(0);
 }
 """
 

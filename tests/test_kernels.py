@@ -403,12 +403,30 @@ def host_kernels(tmp_path_factory):
             subprocess.run([CLANG, "-std=c++20", "-O1", "-shared", "-fPIC", "-pthread",
                             *spec.options(arch), f"-DHIPMLA_HOST_KERNEL={spec.symbol}", str(src),
                             "-o", str(lib)], check=True, capture_output=True, text=True)
-            fn = ctypes.CDLL(str(lib)).hipmla_host_launch
-            fn.argtypes = [DecodeParams, ctypes.c_int, ctypes.c_int]
-            cache[key] = fn
+            cache[key] = HostLaunch(ctypes.CDLL(str(lib)))
         return cache[key]
 
     return get
+
+
+class HostLaunch:
+    """A kernel built for the CPU harness: call it to launch; ``late_copies`` switches
+    where its asynchronous copies land (tests/host_harness.py)."""
+
+    def __init__(self, lib: ctypes.CDLL):
+        self._launch = lib.hipmla_host_launch
+        self._launch.argtypes = [DecodeParams, ctypes.c_int, ctypes.c_int]
+        self._late = lib.hipmla_host_late_copies
+        self._late.argtypes = [ctypes.c_int]
+        self._late.restype = ctypes.c_int
+
+    def __call__(self, p, grid: int, threads: int) -> None:
+        self._launch(p, grid, threads)
+
+    def late_copies(self, on: bool) -> int:
+        """Copies land at the wait that covers them (on) or when issued (off); returns
+        the copies left pending at a thread's end since the last call."""
+        return self._late(1 if on else 0)
 
 
 def _ptr(a: np.ndarray | None) -> int | None:
@@ -548,6 +566,27 @@ def test_fast_kernels_on_cpu_match_emulator(host_kernels, arch, kv_format, q_pre
                                       fast_schedule=FAST_SCHEDULES[arch], fast_any_length=True)
     assert errors[0] == 0 and (counters == 0).all()
     assert_matches_emulator(out, lse, emu_out.astype(np.float32), emu_lse)
+
+
+@pytest.mark.parametrize("arch, kv_format, q_precision", FAST_CASES)
+def test_fast_kernels_on_cpu_wait_for_their_copies(host_kernels, arch, kv_format, q_precision):
+    """The same batch with every global -> LDS copy landing only at the s_waitcnt vmcnt that
+    covers it (fewer than the hardware lands there: the harness does not count the plain
+    loads): the output is bit-identical to copies landing when issued, so no read of a stage
+    comes before its wait; and no copy is still in flight when a thread ends."""
+    fp8_variant = "e4m3fnuz" if arch == "gfx942" else "e4m3fn"
+    q, kv, layout = _case(kv_format, fp8_variant, seed=len(arch) + len(kv_format) + len(q_precision))
+    spec = kernels.fast_split_kernel(arch, kv_format, q_precision)
+    launch = host_kernels(spec, arch)
+    early = run_on_host(host_kernels, q, kv, layout, POLICY, 1 / 24, q_precision, arch, spec=spec)
+    assert launch.late_copies(True) == 0
+    try:
+        late = run_on_host(host_kernels, q, kv, layout, POLICY, 1 / 24, q_precision, arch, spec=spec)
+    finally:
+        left = launch.late_copies(False)
+    assert left == 0, f"{left} copies still in flight when their threads ended"
+    for a, b in zip(early, late):
+        assert np.array_equal(a.view(np.uint32), b.view(np.uint32))
 
 
 @pytest.mark.parametrize("arch, kv_format, q_precision, page_size",

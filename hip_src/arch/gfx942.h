@@ -107,11 +107,13 @@ HIPMLA_DEVICE void gather_256_to_lds(const unsigned char* src, void* lds_base) {
 
 // s_waitcnt vmcnt(N): every vector memory operation of this wave but the N issued last has
 // completed (in-order completion), LDS copies included. (The CPU harness, tests/host_cdna.h,
-// lands a copy when it is issued; its lanes meet here.)
+// lands a copy when it is issued or, with late copies, here: all but the lane's N newest.
+// Its lanes meet here.)
 template <int N>
 HIPMLA_DEVICE void wait_vm() {
     static_assert(N >= 0 && N < 64, "vmcnt is a 6-bit count on gfx9");
 #if defined(HIPMLA_HOST_PLATFORM)
+    host_wait_vm(N);
     wave_sync();
 #else
     asm volatile("s_waitcnt vmcnt(%0)" ::"n"(N) : "memory");

@@ -82,9 +82,11 @@ HIPMLA_DEVICE void gather_1k_to_lds(const unsigned char* src, void* lds_base) {
 }
 
 // s_waitcnt vmcnt(0): every global load of this wave, including LDS copies, has landed.
-// (The CPU harness, tests/host_cdna.h, lands a copy when it is issued; its lanes meet here.)
+// (The CPU harness, tests/host_cdna.h, lands a copy when it is issued or, with late copies,
+// here; its lanes meet here.)
 HIPMLA_DEVICE void wait_global_loads() {
 #if defined(HIPMLA_HOST_PLATFORM)
+    host_wait_vm(0);
     wave_sync();
 #else
     asm volatile("s_waitcnt vmcnt(0)" ::: "memory");
