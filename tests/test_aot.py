@@ -693,6 +693,11 @@ def test_main_loop_counts_one_trip_by_kind():
     assert (c.valu, c.transcendental) == (1, 1)
     assert (c.lds, c.global_loads, c.salu, c.total) == (1, 1, 1, 7)
     assert c.lds_bytes == 64 * 16 + 64 * 16  # one b128 read + one 1 KiB copy into LDS
+    # the forms the loop rests on: objdump leaves cbsz / blgp out when 0 (e4m3)
+    assert c.forms == (("v_mfma_f32_16x16x32_bf16", 1),
+                       ("v_mfma_scale_f32_16x16x128_f8f6f4 (A e2m1, B e2m1)", 1),
+                       ("v_mfma_scale_f32_16x16x128_f8f6f4 (A e2m1, B e4m3)", 1),
+                       ("global_load_lds_dwordx4", 1))
 
 
 def test_memory_waits_inside_the_math_are_counted():
@@ -760,6 +765,15 @@ def test_fast_kernel_loop_is_one_tile_of_mfmas(fast_counts):
         assert c.vm_waits_in_math == 0, (symbol, c)
         assert c.global_loads >= 9, (symbol, c)
         assert c.mfma_cycles == qk * qk_cycles + 32 * 16, (symbol, c)
+        # bf16 Q, the default, rests only on forms the seed kernel ran on MI355X (issue 11,
+        # item 1); MXFP8 Q on the fp4 x fp8 scaled MFMA, MXFP4 Q on the seed's fp4 x fp4
+        forms = dict(c.forms)
+        scaled = {"qbf16": None, "qfp8": "(A e2m1, B e4m3)", "qmxfp4": "(A e2m1, B e2m1)"}[symbol.rsplit("_", 1)[1]]
+        expected = {"global_load_lds_dwordx4": 9, "v_mfma_f32_16x16x32_bf16": 32 + (36 if scaled is None else 0),
+                    "v_cvt_scalef32_pk_bf16_fp4": 128 + (144 if scaled is None else 0)}
+        if scaled is not None:
+            expected[f"v_mfma_scale_f32_16x16x128_f8f6f4 {scaled}"] = 10
+        assert forms == expected, (symbol, c.forms)
 
 
 def test_report_prints_predictions_for_every_benchmark_shape(gfx950_rows, tmp_path):
@@ -816,6 +830,9 @@ def test_gfx942_fast_loop_is_one_tile_of_bf16_mfmas(gfx942_fast):
         kv = symbol.split("_")[4]
         assert (c.mfma, c.mfma_cycles) == (17, 17 * 16), (symbol, c)
         assert c.global_loads == loads[kv] and c.vm_waits_in_math == 0, (symbol, c)
+        converts = {"bf16": {}, "fp8": {"v_cvt_pk_f32_fp8": 34}, "mxfp4": {"v_cvt_pk_f32_fp8": 34}}[kv]
+        assert dict(c.forms) == {"v_mfma_f32_16x16x16_bf16": 17, "global_load_lds_dword": loads[kv] - 1 - (kv == "mxfp4") * 2,
+                                 **converts}, (symbol, c.forms)
         # the copies' LDS writes (4 bytes a lane) are counted with the reads
         assert c.lds_bytes >= (loads[kv] - 1 - (2 if kv == "mxfp4" else 0)) * 256, (symbol, c)
     # converting the cache costs VALU in the order bf16 < fp8 < mxfp4
@@ -829,6 +846,8 @@ def test_report_predicts_mi300x_for_gfx942(gfx942_fast):
     assert text.count("PREDICTED MI300X") == 3 and "MI355X" not in text
     for bs, n in perfmodel.BENCHMARK_SHAPES:
         assert f"{bs:>3}x{n:<5}" in text
+    # each kernel's instruction forms under its counts
+    assert text.count("    forms: ") == 3 and "v_mfma_f32_16x16x16_bf16 x17" in text
 
 
 def test_fast_kernel_models_build_only_the_fast_kernels(gfx942_fast):

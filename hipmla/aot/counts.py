@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 import subprocess
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -56,6 +57,9 @@ class LoopCounts:
     # the top of a tile (main_loop): a wait for memory inside the tile's math (the next
     # tile's copies must not be waited for there)
     vm_waits_in_math: int = 0
+    # the instruction forms the loop rests on, with their counts: MFMAs (a scaled one with
+    # its A / B element formats), converts and global -> LDS copies, in order of first use
+    forms: tuple[tuple[str, int], ...] = ()
 
 
 def parse_disassembly(text: str, symbol: str) -> list[Instruction]:
@@ -131,6 +135,23 @@ def _mfma_cycles(ins: Instruction) -> int:
     return MFMA_CYCLES[ins.mnemonic]
 
 
+#: Element formats of the scaled MFMA's cbsz / blgp codes (LLVM's IntrinsicsAMDGPU.td).
+_SCALED_FORMATS = {0: "e4m3", 1: "e5m2", 2: "e2m3", 3: "e3m2", 4: "e2m1"}
+
+
+def instruction_form(ins: Instruction) -> str | None:
+    """The form of an instruction the loop's numerics or copies rest on (an MFMA, a
+    convert, a global -> LDS copy), encoding suffixes dropped; None for any other."""
+    name = re.sub(r"_(e32|e64|sdwa|dpp)$", "", ins.mnemonic)
+    if name.startswith("v_mfma_scale"):
+        codes = [re.search(rf"{k}:(\d)", ins.operands) for k in ("cbsz", "blgp")]
+        a, b = (_SCALED_FORMATS.get(int(m.group(1)), "?") if m else "e4m3" for m in codes)
+        return f"{name} (A {a}, B {b})"
+    if name.startswith(("v_mfma", "v_cvt", "global_load_lds", "buffer_load_lds")):
+        return name
+    return None
+
+
 def count_loop(instructions: Sequence[Instruction], symbol: str) -> LoopCounts:
     """Counts of a loop body (see :class:`LoopCounts`)."""
     mfma = [x for x in instructions if x.mnemonic.startswith("v_mfma")]
@@ -157,6 +178,7 @@ def count_loop(instructions: Sequence[Instruction], symbol: str) -> LoopCounts:
         salu=sum(x.mnemonic.startswith("s_") for x in instructions),
         total=len(instructions),
         vm_waits_in_math=sum(x.mnemonic == "s_waitcnt" and "vmcnt" in x.operands for x in math),
+        forms=tuple(Counter(f for x in instructions if (f := instruction_form(x)) is not None).items()),
     )
 
 
@@ -173,13 +195,14 @@ def loop_counts(co_path: Path, symbol: str) -> LoopCounts:
 
 
 def format_counts(rows: Sequence[tuple[KernelResources, LoopCounts]]) -> str:
-    lines = ["per wave and 128-token tile (main loop, static): "
+    lines = ["per wave and tile (main loop, static; gfx950 tiles of 128 tokens, gfx942 of 16): "
              "symbol  MFMA (cycles)  VALU (transc.)  LDS (bytes)  global loads  SALU  total  "
              "memory waits inside the math"]
     for r, c in rows:
         lines.append(f"{c.symbol} {r.arch}: MFMA {c.mfma} ({c.mfma_cycles} cyc)  VALU {c.valu} ({c.transcendental})  "
                      f"LDS {c.lds} ({c.lds_bytes} B)  global loads {c.global_loads}  SALU {c.salu}  total {c.total}  "
                      f"vm waits in math {c.vm_waits_in_math}")
+        lines.append("    forms: " + ", ".join(f"{f} x{n}" for f, n in c.forms))
     return "\n".join(lines)
 
 
