@@ -254,7 +254,8 @@ HIPMLA_DEVICE void k_pairs(const Stage& st, int r, int e0, unsigned* dw) {
         const float scale = stage_scale(st, r, e0 / MX_BLOCK);
         float f[N > ELEMS_PER_DWORD ? N : ELEMS_PER_DWORD];
 #pragma unroll
-        for (int d = 0; d < (N + ELEMS_PER_DWORD - 1) / ELEMS_PER_DWORD; ++d) dword_to_f32(w[d], scale, f + d * ELEMS_PER_DWORD);
+        for (int d = 0; d < (N + ELEMS_PER_DWORD - 1) / ELEMS_PER_DWORD; ++d)
+            dword_to_f32(w[d], scale, f + d * ELEMS_PER_DWORD);
 #pragma unroll
         for (int k = 0; k < N / 2; ++k) dw[k] = bf16_pair_exact(f[2 * k], f[2 * k + 1]);
     }
@@ -387,7 +388,8 @@ HIPMLA_DEVICE void issue_copies(Stage& st, const MlaDecodeParams& p, unsigned mi
     for (int c = 0; c < COPIES; ++c) row[c] = lane_read(mine, int(m.at[c] >> 16));
 #pragma unroll
     for (int c = 0; c < COPIES; ++c)
-        gather_256_to_lds(kv + (unsigned long long)row[c] * ROW_BYTES + (m.at[c] & 0xffffu), st.kv + 256 * (WAVES * c + w));
+        gather_256_to_lds(kv + (unsigned long long)row[c] * ROW_BYTES + (m.at[c] & 0xffffu),
+                          st.kv + 256 * (WAVES * c + w));
 }
 
 // MXFP4: this thread's E8M0 bytes of a tile (thread k: bytes k and k + 256 of the tile's
@@ -483,7 +485,8 @@ HIPMLA_KERNEL(hipmla::fast942::THREADS) void HIPMLA_FAST_NAME(const MlaDecodePar
     const int my_head = 4 * w + lane / MFMA_N;
     const int my_row = lane % MFMA_N;
     const int my_token = token_of(my_row);
-    const float* my_partial = reinterpret_cast<const float*>(&smem.red[0][my_head + MFMA_N * (my_row / 4)]) + my_row % 4;
+    const float* my_partial =
+        reinterpret_cast<const float*>(&smem.red[0][my_head + MFMA_N * (my_row / 4)]) + my_row % 4;
     float m_run = running_max_start();  // head my_head, log2 units
     float l_lane = 0.0f;                // head my_head, this lane's tokens
     f32x4 acc[V_TILES];
@@ -492,66 +495,66 @@ HIPMLA_KERNEL(hipmla::fast942::THREADS) void HIPMLA_FAST_NAME(const MlaDecodePar
 
     // An empty or bad item reads nothing (its tokens would clamp to no row).
     if (n_tiles > 0) {
-    // Q first, then the ring's first two tiles. Q's loads are on the only path into the
-    // loop, and the prologue's finish_issue waits for all but tile 0's copies, so the
-    // compiler knows Q's registers have landed when the loop starts (with Q's loads still
-    // pending on some path into it, it waited for them every tile, vmcnt(13) in fp8, behind
-    // the next tile's copies).
-    const QSlice q = load_q(p, row, w);
-    const CopyMap map = copy_map(w);
-    int entry = 0;
-    unsigned mine = rows.row(0, rows.entry(0));  // this lane's row of the next tile to issue
-    ScaleBytes sb = issue_tile(smem.stage[0], p, rows, 0, mine, map, entry, w);
-    mine = finish_issue(smem.stage[0], rows, 0, sb, entry);
-    sb = issue_tile(smem.stage[1], p, rows, 1, mine, map, entry, w);
+        // Q first, then the ring's first two tiles. Q's loads are on the only path into the
+        // loop, and the prologue's finish_issue waits for all but tile 0's copies, so the
+        // compiler knows Q's registers have landed when the loop starts (with Q's loads still
+        // pending on some path into it, it waited for them every tile, vmcnt(13) in fp8, behind
+        // the next tile's copies).
+        const QSlice q = load_q(p, row, w);
+        const CopyMap map = copy_map(w);
+        int entry = 0;
+        unsigned mine = rows.row(0, rows.entry(0));  // this lane's row of the next tile to issue
+        ScaleBytes sb = issue_tile(smem.stage[0], p, rows, 0, mine, map, entry, w);
+        mine = finish_issue(smem.stage[0], rows, 0, sb, entry);
+        sb = issue_tile(smem.stage[1], p, rows, 1, mine, map, entry, w);
 
-    for (int tile = 0; tile < n_tiles; ++tile) {
-        Stage& st = smem.stage[tile % STAGES];
-        Stage& refill = smem.stage[(tile + STAGES - 1) % STAGES];  // tile + 2's
-        // Tile + 1's loads but its copies have landed (its scale bytes go to its stage, the
-        // rows of tile + 2 are formed), and with them this wave's copies of this tile,
-        // issued before them: the younger loads are tile + 1's copies alone.
-        mine = finish_issue(smem.stage[(tile + 1) % STAGES], rows, tile + 1, sb, entry);
-        wait_vm<COPIES>();
-        // Every wave's copies of this tile have landed, and every wave is done with tile
-        // - 1 (its stage, refilled next, and the partial scores).
-        lds_barrier();
-        sb = issue_tile(refill, p, rows, tile + STAGES - 1, mine, map, entry, w);
+        for (int tile = 0; tile < n_tiles; ++tile) {
+            Stage& st = smem.stage[tile % STAGES];
+            Stage& refill = smem.stage[(tile + STAGES - 1) % STAGES];  // tile + 2's
+            // Tile + 1's loads but its copies have landed (its scale bytes go to its stage, the
+            // rows of tile + 2 are formed), and with them this wave's copies of this tile,
+            // issued before them: the younger loads are tile + 1's copies alone.
+            mine = finish_issue(smem.stage[(tile + 1) % STAGES], rows, tile + 1, sb, entry);
+            wait_vm<COPIES>();
+            // Every wave's copies of this tile have landed, and every wave is done with tile
+            // - 1 (its stage, refilled next, and the partial scores).
+            lds_barrier();
+            sb = issue_tile(refill, p, rows, tile + STAGES - 1, mine, map, entry, w);
 
-        smem.red[w][lane] = partial_scores(st, q, w);
-        lds_barrier();
-        // This lane's score: the four waves' partials added in wave order.
-        float s = my_partial[0];
-#pragma unroll
-        for (int k = 1; k < WAVES; ++k) s += my_partial[k * WAVE * 4];
-        // Tokens of this tile before the item's end (wave-uniform; 16 but on the last tile).
-        const int valid = n_tokens - TILE * tile;
-        s = masked_score(s * score_scale, my_token, 0, valid);
-        const float m_new = __builtin_fmaxf(m_run, max_over_cols(s));
-        const float alpha = exp2_f32(m_run - m_new);
-        m_run = m_new;
-        const unsigned bits = f32_to_bf16_bits(exp2_f32(s - m_new));
-        l_lane = l_lane * alpha + bf16_to_f32(bits);
-        smem.pt[my_head][my_row] = (unsigned short)bits;
-        if (my_row == 0) smem.alpha[my_head] = alpha;
-        lds_barrier();
-        // P^T as this lane's B operand (head h, D rows 4 g .. 4 g + 3) and head h's alpha.
-        const u32x2 pt = *reinterpret_cast<const u32x2*>(&smem.pt[h][K_PER_LANE * g]);
-        const float a = smem.alpha[h];
-        // As a real (a, a) register pair: with a alone clang fed v_pk_mul_f32 a pair whose
-        // other half held MXFP4's scale byte in flight, so the rescale waited for that load.
-        f32x2 a2 = {a, a};
-        opaque_pair(a2);
-#pragma unroll
-        for (int t = 0; t < V_TILES; ++t) {
-            acc[t].xy *= a2;
-            acc[t].zw *= a2;
+            smem.red[w][lane] = partial_scores(st, q, w);
+            lds_barrier();
+            // This lane's score: the four waves' partials added in wave order.
+            float s = my_partial[0];
+    #pragma unroll
+            for (int k = 1; k < WAVES; ++k) s += my_partial[k * WAVE * 4];
+            // Tokens of this tile before the item's end (wave-uniform; 16 but on the last tile).
+            const int valid = n_tokens - TILE * tile;
+            s = masked_score(s * score_scale, my_token, 0, valid);
+            const float m_new = __builtin_fmaxf(m_run, max_over_cols(s));
+            const float alpha = exp2_f32(m_run - m_new);
+            m_run = m_new;
+            const unsigned bits = f32_to_bf16_bits(exp2_f32(s - m_new));
+            l_lane = l_lane * alpha + bf16_to_f32(bits);
+            smem.pt[my_head][my_row] = (unsigned short)bits;
+            if (my_row == 0) smem.alpha[my_head] = alpha;
+            lds_barrier();
+            // P^T as this lane's B operand (head h, D rows 4 g .. 4 g + 3) and head h's alpha.
+            const u32x2 pt = *reinterpret_cast<const u32x2*>(&smem.pt[h][K_PER_LANE * g]);
+            const float a = smem.alpha[h];
+            // As a real (a, a) register pair: with a alone clang fed v_pk_mul_f32 a pair whose
+            // other half held MXFP4's scale byte in flight, so the rescale waited for that load.
+            f32x2 a2 = {a, a};
+            opaque_pair(a2);
+    #pragma unroll
+            for (int t = 0; t < V_TILES; ++t) {
+                acc[t].xy *= a2;
+                acc[t].zw *= a2;
+            }
+            tile_pv(st, w, pt, acc);
         }
-        tile_pv(st, w, pt, acc);
-    }
-    // The loads issued for the two tiles past the end land before the block leaves (they
-    // write LDS).
-    wait_vm<0>();
+        // The loads issued for the two tiles past the end land before the block leaves (they
+        // write LDS).
+        wait_vm<0>();
     }
 
     // Head my_head's state: m_run, and l over its 16 lanes.
