@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 # Shapes, formats and the tile are the numerics' (mirrored in hip_src/common/config.h).
-from hipmla.emulate import Q_PRECISIONS, SM90_TILE_TOKENS, TILE_TOKENS
+from hipmla.emulate import FAST_SCHEDULES, Q_PRECISIONS, SM90_TILE_TOKENS, TILE_TOKENS
 from hipmla.formats import KV_FORMATS
 from hipmla.reference import D_QK, D_V, HEADS
 
@@ -36,9 +36,9 @@ FNUZ_ARCHS = ("gfx940", "gfx941", "gfx942")
 
 SPLIT_SOURCE = "decode/split.hip"
 FAST_SOURCES = {"gfx950": "decode/split_mfma_gfx950.hip", "gfx942": "decode/split_mfma_gfx942.hip"}
-#: Tokens per tile of each arch's fast kernel (a partial last tile is masked in the kernel):
-#: gfx950's four waves take a 32-token quarter each, gfx942's share one 16-token MFMA group.
-FAST_TILE_TOKENS = {"gfx950": 128, "gfx942": 16}
+#: Tokens per tile of each arch's fast kernel (a partial last tile is masked in the kernel),
+#: as its emulator schedule walks them: gfx950 128, gfx942 16.
+FAST_TILE_TOKENS = {arch: schedule.tile_tokens for arch, schedule in FAST_SCHEDULES.items()}
 #: (kv_format, q_precision) pairs each arch's fast kernel implements.
 FAST_VARIANTS = {
     "gfx950": (("mxfp4", "bf16"), ("mxfp4", "fp8"), ("mxfp4", "mxfp4")),

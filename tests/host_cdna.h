@@ -15,8 +15,6 @@
 //
 // Cross-lane instructions (MFMA, ds_bpermute, readfirstlane) are a rendezvous of the 64
 // threads of a wave (tests/host_lanes.h).
-// Copies land when issued, or (hipmla_host_late_copies) only at the s_waitcnt vmcnt that
-// covers them, so a missing or short wait shows up as stale LDS (tests/host_harness.py).
 // MFMA products are exact in double and summed in double, then rounded once to f32: the
 // hardware's internal order is not documented, and the kernels' bound against the
 // emulator is the test.

@@ -108,29 +108,24 @@ HIPMLA_DEVICE float masked_score(float score, int base, int offset, int valid) {
 // wave is empty: l = 0, acc = 0 still, and the kernel writes the empty item's 0 / -inf).
 HIPMLA_DEVICE float running_max_start() { return f32_from_bits(0xff7fffffu); }
 
-// Max / sum over the four lane groups (lanes l, l ^ 16, l ^ 32, l ^ 48).
-HIPMLA_DEVICE float max_over_rowgroups(float x) {
-    x = __builtin_fmaxf(x, lane_xor<16>(x));
-    return __builtin_fmaxf(x, lane_xor<32>(x));
+// Max / sum over the lanes l ^ m for every combination of the masks (an xor butterfly,
+// one exchange per mask, in the order given).
+template <int... MASKS>
+HIPMLA_DEVICE float max_over_xor(float x) {
+    ((x = __builtin_fmaxf(x, lane_xor<MASKS>(x))), ...);
+    return x;
 }
-HIPMLA_DEVICE float sum_over_rowgroups(float x) {
-    x += lane_xor<16>(x);
-    return x + lane_xor<32>(x);
+template <int... MASKS>
+HIPMLA_DEVICE float sum_over_xor(float x) {
+    ((x += lane_xor<MASKS>(x)), ...);
+    return x;
 }
-
-// Max / sum over the 16 lanes of a row group (lanes 16 (l / 16) .. + 15), xor-butterfly.
-HIPMLA_DEVICE float max_over_cols(float x) {
-    x = __builtin_fmaxf(x, lane_xor<1>(x));
-    x = __builtin_fmaxf(x, lane_xor<2>(x));
-    x = __builtin_fmaxf(x, lane_xor<4>(x));
-    return __builtin_fmaxf(x, lane_xor<8>(x));
-}
-HIPMLA_DEVICE float sum_over_cols(float x) {
-    x += lane_xor<1>(x);
-    x += lane_xor<2>(x);
-    x += lane_xor<4>(x);
-    return x + lane_xor<8>(x);
-}
+// ... over the four lane groups (lanes l, l ^ 16, l ^ 32, l ^ 48)
+HIPMLA_DEVICE float max_over_rowgroups(float x) { return max_over_xor<16, 32>(x); }
+HIPMLA_DEVICE float sum_over_rowgroups(float x) { return sum_over_xor<16, 32>(x); }
+// ... and over the 16 lanes of a row group (lanes 16 (l / 16) .. + 15).
+HIPMLA_DEVICE float max_over_cols(float x) { return max_over_xor<1, 2, 4, 8>(x); }
+HIPMLA_DEVICE float sum_over_cols(float x) { return sum_over_xor<1, 2, 4, 8>(x); }
 
 }  // namespace cdna
 }  // namespace hipmla
