@@ -35,8 +35,11 @@ KERNEL = "decode/split_sm90.hip"
 # waits still count groups; the other loop edits keep every load whose result they use.
 PARTS: dict[str, list[tuple[str, str]]] = {
     "copies": [("""        if (MXFP4) store_scales(tile + STAGES - 1);
-        issue_tile(tile + STAGES);
-        if (MXFP4) load_scales(tile + STAGES);""", "        cp_async_commit();")],
+        {
+            const long long r = tile_row(tile + STAGES);
+            if (MXFP4) load_scales(tile + STAGES, r);
+            issue_tile(tile + STAGES, r);
+        }""", "        cp_async_commit();")],
     "convert": [("e4m3x4_to_bf16x2_scaled_down(wv[kk], w2);", "w2[0] = wv[kk]; w2[1] = wv[kk] >> 3;"),
                 ("e2m1x8_to_bf16x2_scaled_down(wv[k], w4);",
                  "w4[0] = wv[k]; w4[1] = wv[k] ^ mv; w4[2] = wv[k] + mv; w4[3] = wv[k] - mv;")],
@@ -67,10 +70,10 @@ PARTS: dict[str, list[tuple[str, str]]] = {
     "unrotated": [("constexpr bool ROTATE = !MXFP4;", "constexpr bool ROTATE = false;")],
     # the schedule's scan adding its group's values in a loop to tid (a chain of loads),
     "scan_chain": [("core/schedule.h", """#pragma unroll
-    for (int i = 0; i < SCAN_GROUP; ++i) {
-        const int j = SCAN_GROUP * group + i;
-        before += j < tid ? sm.scan[j] : 0;
-    }""", """    for (int i = SCAN_GROUP * group; i < tid; ++i) before += sm.scan[i];""")],
+        for (int i = 0; i < SCAN_GROUP; ++i) {
+            const int j = SCAN_GROUP * group + i;
+            before += j < tid ? sm.scan[j] : 0;
+        }""", """        for (int i = SCAN_GROUP * group; i < tid; ++i) before += sm.scan[i];""")],
     # the release / acquire fences by thread 0 alone, around the block barrier
     # (its outputs stay right; the question is whether 255 fewer fences shorten the merge).
     "fence0": [("core/merge.h", """    fence_release_device();

@@ -292,13 +292,16 @@ extern "C" __global__ void __launch_bounds__(hipmla::sm90k::THREADS, 2) HIPMLA_S
     };
     const unsigned char* kv_base = static_cast<const unsigned char*>(p.kv);
     unsigned scale_bytes[SCALE_SLOTS];
-    long long scale_row = 0;
-    auto issue_tile = [&](int tile) {
+    // The thread's producer row of `tile` (0 past the item), read before the tile's loads:
+    // an E8M0 load issued after the copies waits behind them (on the H200 the prologue's
+    // scales, loaded after 5 tiles' copies, came back ~4 us later than Q did at 32 x 1k).
+    auto tile_row = [&](int tile) -> long long {
+        const int tok = tile * TILE + prow;
+        return tile < n_tiles && tok < n ? rows.row(it.begin + tok) : 0;
+    };
+    auto issue_tile = [&](int tile, long long row) {
         if (tile < n_tiles) {
-            const int tok = tile * TILE + prow;
-            const bool valid = tok < n;
-            const long long row = valid ? rows.row(it.begin + tok) : 0;
-            scale_row = row;
+            const bool valid = tile * TILE + prow < n;
             const unsigned char* src = kv_base + row * ROW_BYTES + 16 * first;
             const unsigned dst = smem_address(sm.ring.stage[tile % STAGES].kv + prow * ROW_STRIDE + 16 * first);
             const unsigned bytes = valid ? 16u : 0u;
@@ -308,13 +311,13 @@ extern "C" __global__ void __launch_bounds__(hipmla::sm90k::THREADS, 2) HIPMLA_S
         }
         cp_async_commit();
     };
-    auto load_scales = [&](int tile) {  // after issue_tile(tile): scale_row is its row
+    auto load_scales = [&](int tile, long long row) {
         const bool valid = tile < n_tiles && tile * TILE + prow < n;
 #pragma unroll
         for (int k = 0; k < SCALE_SLOTS; ++k) {
             const int b = psub + 8 * k;
             // A row past the item keeps any scale: its data is zero-filled.
-            scale_bytes[k] = valid && b < SCALES ? unsigned(p.kv_scale[scale_row * p.stride_kv_scale + b]) : 0u;
+            scale_bytes[k] = valid && b < SCALES ? unsigned(p.kv_scale[row * p.stride_kv_scale + b]) : 0u;
         }
     };
     auto store_scales = [&](int tile) {
@@ -339,27 +342,24 @@ extern "C" __global__ void __launch_bounds__(hipmla::sm90k::THREADS, 2) HIPMLA_S
             for (int e = 0; e < 4; ++e) o[kk][r][e] = 0.0f;
 
     // The schedule's scan lives in red: every thread is past it (schedule_item syncs).
-    // Prologue: the first STAGES - 1 tiles; their E8M0 bytes are all in flight before the
-    // first is stored (one memory latency, not STAGES - 1).
+    // Prologue: the first STAGES - 1 tiles. Their E8M0 bytes are all in flight before the
+    // first is stored (one memory latency, not STAGES - 1), issued ahead of the tiles'
+    // copies, and stored once Q's fragments are built.
+    unsigned pro[STAGES - 1][SCALE_SLOTS];
     {
-        unsigned pro[STAGES - 1][SCALE_SLOTS];
+        long long pro_row[STAGES - 1];
 #pragma unroll
-        for (int s = 0; s < STAGES - 1; ++s) {
-            issue_tile(s);
-            if (MXFP4) {
-                load_scales(s);
+        for (int s = 0; s < STAGES - 1; ++s) pro_row[s] = tile_row(s);
+        if (MXFP4) {
+#pragma unroll
+            for (int s = 0; s < STAGES - 1; ++s) {
+                load_scales(s, pro_row[s]);
 #pragma unroll
                 for (int k = 0; k < SCALE_SLOTS; ++k) pro[s][k] = scale_bytes[k];
             }
         }
-        if (MXFP4) {
 #pragma unroll
-            for (int s = 0; s < STAGES - 1; ++s) {
-#pragma unroll
-                for (int k = 0; k < SCALE_SLOTS; ++k) scale_bytes[k] = pro[s][k];
-                store_scales(s);
-            }
-        }
+        for (int s = 0; s < STAGES - 1; ++s) issue_tile(s, pro_row[s]);
     }
     // Q' as the A operand of the warp's 4 k16-steps (reg 2r + hh: heads g + 8hh, slots
     // 2t + 8r + e) and of its rope k8-step, once Q's group (older than the STAGES - 1
@@ -389,6 +389,14 @@ extern "C" __global__ void __launch_bounds__(hipmla::sm90k::THREADS, 2) HIPMLA_S
         }
     }
 
+    if (MXFP4) {  // visible at the sync before the first tile's Q.K
+#pragma unroll
+        for (int s = 0; s < STAGES - 1; ++s) {
+#pragma unroll
+            for (int k = 0; k < SCALE_SLOTS; ++k) scale_bytes[k] = pro[s][k];
+            store_scales(s);
+        }
+    }
     // x is the partial-score exchange from here on: the sync before the first tile's Q.K
     // (below, or at the top of the loop without EARLY_WAIT) orders these reads first.
     if (EARLY_WAIT) {  // tile 0's copies, made visible by the sync below
@@ -398,8 +406,11 @@ extern "C" __global__ void __launch_bounds__(hipmla::sm90k::THREADS, 2) HIPMLA_S
     // The ring's last tile. From here on tile + STAGES is issued right after the softmax ->
     // P.V barrier of tile (its stage was last read by Q.K of tile), in the same straight
     // code as tile's P.V, so the two interleave instead of waiting for each other.
-    issue_tile(STAGES - 1);
-    if (MXFP4) load_scales(STAGES - 1);
+    {
+        const long long r = tile_row(STAGES - 1);
+        if (MXFP4) load_scales(STAGES - 1, r);
+        issue_tile(STAGES - 1, r);
+    }
 
 #pragma unroll 1
     for (int tile = 0; tile < n_tiles; ++tile) {
@@ -535,8 +546,11 @@ extern "C" __global__ void __launch_bounds__(hipmla::sm90k::THREADS, 2) HIPMLA_S
         // The ring moves on: the E8M0 bytes loaded a tile ago go to their stage (last read by
         // Q.K of tile - 1), and tile + STAGES replaces tile.
         if (MXFP4) store_scales(tile + STAGES - 1);
-        issue_tile(tile + STAGES);
-        if (MXFP4) load_scales(tile + STAGES);
+        {
+            const long long r = tile_row(tile + STAGES);
+            if (MXFP4) load_scales(tile + STAGES, r);
+            issue_tile(tile + STAGES, r);
+        }
 
         const float a_lo = sm.alpha[g], a_hi = sm.alpha[g + 8];
         if (!warp_all(a_lo == 1.0f && a_hi == 1.0f)) {
