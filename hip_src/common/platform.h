@@ -107,10 +107,13 @@ HIPMLA_DEVICE void wave_sync() { __syncwarp(); }
 HIPMLA_DEVICE float exp2_f32(float x) { return exp2f(x); }
 HIPMLA_DEVICE float log2_f32(float x) { return log2f(x); }
 
-// Cross-block hand-off: __threadfence is a device-scope fence (fence.sc.gpu), and the
-// merger reads partials with ld.global.cg, which skips the SM's non-coherent L1.
-HIPMLA_DEVICE void fence_release_device() { __threadfence(); }
-HIPMLA_DEVICE void fence_acquire_device() { __threadfence(); }
+// Cross-block hand-off: fence.acq_rel.gpu before the relaxed atomic is a release
+// pattern, after it an acquire pattern (PTX ISA 8.x, "Memory Consistency Model":
+// release and acquire patterns), which is all the merge needs; __threadfence is the
+// sequentially consistent fence.sc.gpu (MEMBAR.SC.GPU). The merger reads partials with
+// ld.global.cg, which skips the SM's non-coherent L1.
+HIPMLA_DEVICE void fence_release_device() { asm volatile("fence.acq_rel.gpu;" ::: "memory"); }
+HIPMLA_DEVICE void fence_acquire_device() { asm volatile("fence.acq_rel.gpu;" ::: "memory"); }
 HIPMLA_DEVICE int atomic_add_device(int* p, int v) { return atomicAdd(p, v); }
 HIPMLA_DEVICE void atomic_store_device(int* p, int v) { atomicExch(p, v); }
 HIPMLA_DEVICE void atomic_or_device(int* p, int v) { atomicOr(p, v); }

@@ -75,8 +75,12 @@ struct ScheduleSmem {
 // 18 at 256 threads, and each one waits for the slowest wave): one thread per group of
 // SCAN_GROUP sums its group, then every thread adds the group sums before its own and
 // the values before it in its group (2 SCAN_GROUP loads, mostly broadcasts).
+// Only `active` threads (those with sequences) get the sum and their prefix; the others
+// get 0 and only meet the barriers. Every block runs the schedule before its first load,
+// all blocks at once: on the H200 (4 x 1k, 2 blocks of 8 warps an SM) it took ~3.7 us
+// while every warp ran all of it, though a batch of 4 gives one warp any work.
 template <int THREADS>
-HIPMLA_DEVICE long long block_exclusive_scan(long long v, ScheduleSmem<THREADS>& sm, long long& total) {
+HIPMLA_DEVICE long long block_exclusive_scan(long long v, ScheduleSmem<THREADS>& sm, long long& total, bool active) {
     static_assert(THREADS % SCAN_GROUP == 0, "whole scan groups");
     constexpr int GROUPS = THREADS / SCAN_GROUP;
     const int tid = int(thread_index());
@@ -90,17 +94,19 @@ HIPMLA_DEVICE long long block_exclusive_scan(long long v, ScheduleSmem<THREADS>&
     block_sync();
     const int group = tid / SCAN_GROUP;
     long long before = 0, all = 0;
-    for (int k = 0; k < GROUPS; ++k) {
-        const long long sum = sm.group_sum[k];
-        all += sum;
-        before += k < group ? sum : 0;
-    }
-    // A fixed trip count, so the SCAN_GROUP loads issue together (the loop to tid was a
-    // chain of dependent shared-memory round trips, up to 15 of them).
+    if (active) {
+        for (int k = 0; k < GROUPS; ++k) {
+            const long long sum = sm.group_sum[k];
+            all += sum;
+            before += k < group ? sum : 0;
+        }
+        // A fixed trip count, so the SCAN_GROUP loads issue together (the loop to tid was a
+        // chain of dependent shared-memory round trips, up to 15 of them).
 #pragma unroll
-    for (int i = 0; i < SCAN_GROUP; ++i) {
-        const int j = SCAN_GROUP * group + i;
-        before += j < tid ? sm.scan[j] : 0;
+        for (int i = 0; i < SCAN_GROUP; ++i) {
+            const int j = SCAN_GROUP * group + i;
+            before += j < tid ? sm.scan[j] : 0;
+        }
     }
     total = all;
     block_sync();  // sm is free for the next scan
@@ -126,18 +132,17 @@ struct SeqSplit {
         }
         return n > 1 ? int(n) : 1;
     }
-    HIPMLA_DEVICE bool tail_item(int len) const {
+    // n = base_items(len).
+    HIPMLA_DEVICE bool tail_item(int len, int n) const {
         if (fast_tile <= 0) return false;
-        const int n = base_items(len);
-        const long long units = (len + align - 1) / align;
+        const long long units = (unsigned(len) + unsigned(align) - 1u) / unsigned(align);
         const long long last_begin = units * (n - 1) / n * align;
         const int tail = len % fast_tile;
         return tail > 0 && len - last_begin > tail;
     }
-    HIPMLA_DEVICE int items(int len) const { return base_items(len) + (tail_item(len) ? 1 : 0); }
-    HIPMLA_DEVICE void range(int len, int k, int& begin, int& end) const {
-        const int n = base_items(len);
-        const long long units = (len + align - 1) / align;
+    // n = base_items(len), which the caller has.
+    HIPMLA_DEVICE void range(int len, int n, int k, int& begin, int& end) const {
+        const long long units = (unsigned(len) + unsigned(align) - 1u) / unsigned(align);
         if (k == n) {  // the remainder item after the last item's whole tiles
             begin = len - len % fast_tile;
             end = len;
@@ -147,7 +152,7 @@ struct SeqSplit {
         const long long e = units * (k + 1) / n * align;
         begin = int(b < len ? b : len);
         end = int(e < len ? e : len);
-        if (k == n - 1 && tail_item(len)) end = len - len % fast_tile;
+        if (k == n - 1 && tail_item(len, n)) end = len - len % fast_tile;
     }
 };
 
@@ -172,17 +177,30 @@ HIPMLA_DEVICE WorkItem schedule_item(const MlaDecodeParams& p, int block, Schedu
         qo_bad |= qy.bad;
         mine += (long long)seq_extent(p, s).tokens * qy.n * groups;
     }
+    // A thread with no sequence has no item to find: past the scans it only meets barriers.
+    const bool active = s0 < s1;
     long long total = 0;
-    block_exclusive_scan<THREADS>(mine, sm, total);
+    block_exclusive_scan<THREADS>(mine, sm, total, active);
 
-    long long chunk = (total + p.split_target - 1) / p.split_target;
-    chunk = chunk > p.split_min_tokens ? chunk : p.split_min_tokens;
-    chunk = (chunk + p.split_align - 1) / p.split_align * p.split_align;
+    long long chunk = 1;  // (no thread without a sequence uses it)
+    if (active) {
+        chunk = (total + p.split_target - 1) / p.split_target;
+        chunk = chunk > p.split_min_tokens ? chunk : p.split_min_tokens;
+        chunk = (chunk + p.split_align - 1) / p.split_align * p.split_align;
+    }
     const SeqSplit split{chunk < 0x7fffffffLL ? chunk : 0x7fffffffLL, p.split_align, p.fast_tile, p.split_max_ranges,
                          p.split_long_range};
 
+    // The thread's first sequence's item count, kept for the search below (the one
+    // sequence of every thread while the batch is at most THREADS).
+    int first_base = 0;
     long long count = 0;
-    for (int s = s0; s < s1; ++s) count += (long long)split.items(seq_extent(p, s).tokens) * seq_query(p, s).n * groups;
+    for (int s = s0; s < s1; ++s) {
+        const int len = seq_extent(p, s).tokens;
+        const int base = split.base_items(len);
+        if (s == s0) first_base = base;
+        count += (long long)(base + (split.tail_item(len, base) ? 1 : 0)) * seq_query(p, s).n * groups;
+    }
     if (tid == 0) {
         sm.item = WorkItem{-1, -1, 0, 0, -1, -1, 0, -1, 0, 0};
         sm.bad_page = 0;
@@ -191,21 +209,24 @@ HIPMLA_DEVICE WorkItem schedule_item(const MlaDecodeParams& p, int block, Schedu
                     (p.qo_indptr[0] != 0 || (p.q_tokens > 0 && p.qo_indptr[p.batch] != p.q_tokens));
     }
     long long n_all = 0;
-    long long first = block_exclusive_scan<THREADS>(count, sm, n_all);
+    long long first = block_exclusive_scan<THREADS>(count, sm, n_all, active);
     if (qo_bad) atomic_or_block(&sm.qo_bad, 1);  // after the scan's syncs: thread 0 set it first
     if (block >= first && block < first + count) {
         for (int s = s0; s < s1; ++s) {
             const SeqExtent e = seq_extent(p, s);
             const SeqQuery qy = seq_query(p, s);
-            const int n = split.items(e.tokens);
+            const int base = s == s0 ? first_base : split.base_items(e.tokens);
+            const int n = base + (split.tail_item(e.tokens, base) ? 1 : 0);
             const int rows = qy.n * groups;
             if (block < first + (long long)n * rows) {
                 const int local = int(block - first);
-                const int k = local / rows, r = local % rows, j = r / groups;
+                // One query token of 16 heads (rows = 1) needs no division.
+                const int k = rows == 1 ? local : local / rows, r = rows == 1 ? 0 : local % rows;
+                const int j = groups == 1 ? r : r / groups;
                 WorkItem it;
                 it.seq = s;
-                it.row = (qy.first + j) * groups + r % groups;
-                split.range(e.tokens, k, it.begin, it.end);
+                it.row = (qy.first + j) * groups + (groups == 1 ? 0 : r % groups);
+                split.range(e.tokens, base, k, it.begin, it.end);
                 // Causal within the step: query token j of n sees len - n + j + 1 tokens.
                 const int sees = e.tokens - qy.n + j + 1;
                 const int short_seq = p.qo_indptr != nullptr && !e.bad && e.tokens < qy.n;
