@@ -7,7 +7,7 @@ boundaries below and, at its end, writes them into its own partial slot of the d
 scratch, which the script reads back after the last timed call. The partials are then
 overwritten: the build's OUTPUTS ARE WRONG; its stamps and its time are what it is for.
 
-    python3 scripts/sm90_timeline.py [--formats mxfp4] [--shapes 4x1k,4x8k,32x1k] [--iters 20]
+    python3 scripts/sm90_timeline.py [--formats mxfp4] [--shapes 4x1k,4x8k,32x1k] [--iters 20] [--page-size 16]
 
 Stamps: start, schedule (the device schedule's item), prologue (Q in registers, the first
 tiles issued), tiles (the tile loop), stored (the item's partial or output written),
@@ -33,7 +33,7 @@ from hipmla import kernels, runtime  # noqa: E402
 from hipmla.bench import Timer, device_step  # noqa: E402
 from hipmla.decode import Decoder  # noqa: E402
 from hipmla.inputs import BENCH_SM_SCALE, random_cache  # noqa: E402
-from hipmla.paging import KvLayout  # noqa: E402
+from hipmla.paging import KvLayout, random_page_table, scatter  # noqa: E402
 
 KERNEL = "decode/split_sm90.hip"
 PHASES = ("start", "schedule", "prologue", "tiles", "stored", "arrived", "end")
@@ -157,10 +157,13 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--formats", default="mxfp4")
     ap.add_argument("--shapes", default="4x1k,4x8k,32x1k")
     ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--page-size", type=int, default=0, help="a paged cache, pages in random order (0: contiguous)")
     args = ap.parse_args(argv)
     info = runtime.device_info(0)
     timer = Timer(info.l2_bytes)
-    print(f"{info.name}: sm_90 kernel with time stamps (%globaltimer), L2 flushed; the outputs of this build are wrong")
+    layout_name = f"paged, {args.page_size} rows a page" if args.page_size else "contiguous"
+    print(f"{info.name}: sm_90 kernel with time stamps (%globaltimer), {layout_name}, L2 flushed; "
+          "the outputs of this build are wrong")
     original = kernels.hip_src_dir()
     rng = np.random.default_rng(0)
     shapes = {name: SHAPES[name] for name in args.shapes.split(",")}
@@ -176,7 +179,12 @@ def main(argv: list[str]) -> int:
             dec = Decoder(fmt, BENCH_SM_SCALE, selftest=False, max_batch=max_b, kernel=spec)
             kernels.hip_src_dir = lambda: original
             for name, (b, n) in shapes.items():
-                _, bufs, extra = device_step(kv, KvLayout.contiguous(np.full(b, n)), rng)
+                lens = np.full(b, n)
+                if args.page_size:
+                    layout = random_page_table(lens, args.page_size, rng)
+                    _, bufs, extra = device_step(scatter(kv, layout), layout, rng)
+                else:
+                    _, bufs, extra = device_step(kv, KvLayout.contiguous(lens), rng)
                 times = timer.time(lambda: dec.run(**bufs, **extra), args.iters, flush=True)
                 grid = kernels.grid_decode(dec.policy.max_items(b))[0]
                 slots = runtime.DeviceArray((grid, SLOT_WORDS), np.uint64, ptr=dec._scratch.ptr)

@@ -133,11 +133,15 @@ HIPMLA_DEVICE void e2m1x8_to_bf16x2_scaled_down(unsigned q, unsigned (&w)[4]) {
     w[3] = select_bits(MAG, q >> 6, so);
 }
 
-// Two E2M1 codes (low nibble x, high nibble y of `byte`) to one bf16x2 word
-// (x low, y high), value * 2^-126 as above.
+// Two E2M1 codes (low nibble x, high nibble y of `byte`, bits 8+ zero) to one bf16x2
+// word (x low, y high), value * 2^-126 as above. One multiply places both codes' copies
+// that carry the magnitudes (byte << 6 and byte << 18 do not overlap), another both
+// copies that carry the signs (<< 12, << 24): 4 instructions, where spreading the
+// nibbles apart first took 8.
 HIPMLA_DEVICE unsigned e2m1x2_to_bf16x2_scaled_down(unsigned byte) {
-    const unsigned q = (byte & 0xfu) | ((byte & 0xf0u) << 12);  // x at nibble 0, y at nibble 4
-    return select_bits(0x01C001C0u, q << 6, (q & 0x00080008u) << 12);
+    const unsigned mags = byte * 0x00040040u;                  // x: bits 6-8, y: bits 22-24
+    const unsigned signs = and_bits(byte * 0x01001000u, 0x80008000u);  // x: bit 15, y: bit 31
+    return select_bits(0x01C001C0u, mags, signs);
 }
 
 // Four e4m3fn codes (bytes b0..b3 of q) to two bf16x2 words holding value * 2^-120

@@ -39,7 +39,10 @@ HIPMLA_DEVICE SeqExtent seq_extent(const MlaDecodeParams& p, int seq) {
         return bad ? SeqExtent{0, bad} : SeqExtent{n, 0};
     }
     if (p.n_indices > 0 && end > p.n_indices) bad |= ERR_BOUNDS;
-    const int last = n > 0 ? p.kv_last_page_len[seq] : 1;
+    // Loaded whatever n is, so the load goes out beside kv_indptr's, not after it (a second
+    // memory latency in the schedule; seq < batch, so the entry exists).
+    const int last_len = p.kv_last_page_len[seq];
+    const int last = n > 0 ? last_len : 1;
     if (last < 1 || last > (1 << p.page_shift)) bad |= ERR_LAST_PAGE;
     // More pages than an int32 token count holds: only a corrupt kv_indptr with a raw
     // page-table address (n_indices = 0, so no bound above) gets here.

@@ -48,8 +48,12 @@
 // L2 flushed) the two took the tile's copies from ~12 shared-memory wavefronts per copy
 // instruction to 4 and the kernel from 144.6 / 458.8 us (aligned stages alone: 131.2 /
 // 458.8) to 125.5 / 440.3 us; bf16 and mxfp4 unchanged. MXFP4 E8M0 bytes are read
-// with plain loads one ring ahead and stored as bf16x2 multipliers one tile later (a whole
-// tile of math hides their latency; the prologue has all its tiles' bytes in flight at once).
+// with plain loads one ring ahead, issued before the tile's copies, and stored as bf16x2
+// multipliers one tile later (a whole tile of math hides their latency; the prologue has
+// all its tiles' bytes in flight at once and stores them after Q's fragments). Issued
+// after the copies they waited behind them: on the H200 (scripts/sm90_timeline.py,
+// scripts/results/h200-2026-12-02-sm90-timeline*.txt) the prologue took 4.5 / 5.5 us at
+// 32 x 1k / 64 x 1k against fp8's 1.5, and 2.8 / 3.3 us once they went first.
 // Barriers per tile: fp8 / mxfp4 (EARLY_WAIT) 2 -- the wait for tile + 1 sits before the
 // softmax -> P.V barrier, which then also publishes the next stage; bf16 (2 stages) 3.
 // Prologue and epilogue: the row's Q (18 KiB) is copied into shared memory by 16-byte
@@ -85,10 +89,13 @@
 // Budget (nvcc 13.0 / ptxas, sm_90): registers <= 128 in every format (the cap of 2 blocks
 // per SM), no stack, no spills; dynamic shared memory 96,768 / 96,000 / 90,880 B. Tile loop in
 // SASS, per warp per 32-token tile that keeps the running max (the 32-FMUL rescale, usually
-// skipped, included; a tile that raises it runs 19 more, the max chain): bf16 260, fp8 417,
-// mxfp4 498 instructions, i.e. x 8 warps / 32 tokens = 65 / 104 / 125 warp-instructions per
-// token, of which 9 HMMA + 8 MOVM; mxfp4's K dequantization (72 shifts, ~56 of the 80 lop3,
-// 36 bf16x2 multiplies) is ~185 of the 498.
+// skipped, included; a tile that raises it runs 19 more, the max chain): bf16 261, fp8 418,
+// mxfp4 475 instructions, i.e. x 8 warps / 32 tokens = 65 / 105 / 119 warp-instructions per
+// token, of which 9 HMMA + 8 MOVM; mxfp4's K dequantization (56 shifts and 48 lop3 for the
+// 32 latent words, 2 multiplies and 2 lop3 for each of the 4 rope words, 36 bf16x2
+// multiplies) is ~156 of the 475
+// (498 before the rope bytes were placed by two multiplies and the E8M0 loads moved
+// ahead of the copies, 2026-12-02).
 // Measured on the H200 (2026-12-01, Nsight Compute at c5b50de, 64 x 8k): mxfp4 138.6 us, issue
 // slots 50.8% busy, IPC 2.19, 1.1 eligible of 3.7 active warps per scheduler, per issued
 // instruction 1.63 cycles on fixed-latency dependencies, 0.75 at barriers, 0.63 on shared
