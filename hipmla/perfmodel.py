@@ -194,7 +194,7 @@ DEVICES = {"gfx950": MI355X, "gfx942": MI300X, "sm_90": H200}
 #: SASS instructions of the tile loop per warp and 32-token tile (nvcc 13.0, the 32-FMUL
 #: rescale included): bf16 294, fp8 440, mxfp4 522 -- the kernel H200_MEASURED timed, so
 #: the calibration holds together. The kernel has changed since (its header: 260 / 410 / 498
-#: at a00b93a, 261 / 418 / 475 on 2026-12-02); refitting needs its times measured again.
+#: at a00b93a, 261 / 418 / 469 on 2026-12-02); refitting needs its times measured again.
 SM90_INSTRUCTIONS = {"bf16": 294, "fp8": 440, "mxfp4": 522}
 #: The copy ring: 32-token tiles of KV in flight per block (STAGES in the source).
 SM90_STAGES = {"bf16": 2, "fp8": 4, "mxfp4": 6}

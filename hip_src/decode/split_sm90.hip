@@ -90,12 +90,12 @@
 // per SM), no stack, no spills; dynamic shared memory 96,768 / 96,000 / 90,880 B. Tile loop in
 // SASS, per warp per 32-token tile that keeps the running max (the 32-FMUL rescale, usually
 // skipped, included; a tile that raises it runs 19 more, the max chain): bf16 261, fp8 418,
-// mxfp4 475 instructions, i.e. x 8 warps / 32 tokens = 65 / 105 / 119 warp-instructions per
+// mxfp4 469 instructions, i.e. x 8 warps / 32 tokens = 65 / 105 / 117 warp-instructions per
 // token, of which 9 HMMA + 8 MOVM; mxfp4's K dequantization (56 shifts and 48 lop3 for the
 // 32 latent words, 2 multiplies and 2 lop3 for each of the 4 rope words, 36 bf16x2
-// multiplies) is ~156 of the 475
-// (498 before the rope bytes were placed by two multiplies and the E8M0 loads moved
-// ahead of the copies, 2026-12-02).
+// multiplies) is ~156 of the 469
+// (498 before the rope bytes were placed by two multiplies, the E8M0 loads moved ahead
+// of the copies and their multipliers made by a min and a multiply-add, 2026-12-02).
 // Measured on the H200 (2026-12-01, Nsight Compute at c5b50de, 64 x 8k): mxfp4 138.6 us, issue
 // slots 50.8% busy, IPC 2.19, 1.1 eligible of 3.7 active warps per scheduler, per issued
 // instruction 1.63 cycles on fixed-latency dependencies, 0.75 at barriers, 0.63 on shared
@@ -243,9 +243,10 @@ HIPMLA_DEVICE unsigned q_scaled(const unsigned short* q, int h, int d) {
     return f32_to_bf16_bits(bf16_to_f32(bits) * exp2_int(QSHIFT));
 }
 
-// E8M0 byte -> bf16x2 (2^(s-65), 2^(s-65)), saturating at +inf (s >= 193).
+// E8M0 byte -> bf16x2 (2^(s-65), 2^(s-65)), saturating at +inf (s >= 193): a min and
+// one multiply-add (the clamp before the add, which the multiply-add then absorbs).
 HIPMLA_DEVICE unsigned e8m0_multiplier(unsigned s) {
-    const unsigned e = s + 62u < 255u ? s + 62u : 255u;
+    const unsigned e = (s < 193u ? s : 193u) + 62u;
     return e * 0x00800080u;
 }
 
