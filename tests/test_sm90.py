@@ -261,6 +261,35 @@ def test_every_ablation_variant_still_applies(tmp_path):
         assert bool(changed) == bool(parts), name
 
 
+def test_timeline_edits_apply_and_its_summary_reads_the_stamps(tmp_path):
+    """scripts/sm90_timeline.py inserts time stamps by exact text, like the ablations: each
+    insertion applies once here, and its summary turns block records into phase times."""
+    import numpy as np
+
+    timeline = _script("sm90_timeline")
+    root = tmp_path / "t"
+    timeline.edited_tree(kernels.hip_src_dir(), root)
+    kernel = (root / timeline.KERNEL).read_text()
+    assert kernel.count("HIPMLA_STAMP(") == 1 + 7  # the macro, then stamps 0..6
+    assert (root / timeline.SCHEDULE_FILE).read_text().count("HIPMLA_SCHED_STAMP(") == 1 + 4
+    # Two blocks with an item (the second merges), one empty block; ns since some epoch.
+    rec = np.zeros((3, timeline.WORDS), np.uint64)
+    t0 = 10_000
+    rec[0, :7] = [t0, t0 + 3000, t0 + 4000, t0 + 9000, t0 + 10000, t0 + 11000, t0 + 11000]
+    rec[1, :7] = [t0 + 100, t0 + 3100, t0 + 4100, t0 + 9100, t0 + 10100, t0 + 11100, t0 + 15100]
+    rec[:2, 7], rec[:2, 8], rec[:2, 9], rec[1, 10] = 0, 128, 2, 1
+    rec[2, 7] = np.uint64(2**64 - 1)  # seq -1
+    rec[2, :2] = [t0 + 50, t0 + 2550]
+    rec[0, 12:16] = [t0 + 1000, t0 + 2000, t0 + 2800, t0 + 3000]  # after each block's own start
+    rec[1, 12:16] = [t0 + 1100, t0 + 2100, t0 + 2900, t0 + 3100]
+    text = timeline.summarize(rec, 20.0)
+    assert "blocks 3 (2 with an item, 1 merged)" in text
+    assert "schedule +3.00" in text and "tiles +5.00" in text
+    assert "merge +4.00" in text and "end 15.1 us" in text
+    assert "empty blocks: schedule done at median 2.5 us" in text
+    assert "scan 1 1.00" in text and "pages 3.00" in text
+
+
 # ----------------------------------------------------------------------------- on the GPU
 
 
