@@ -70,29 +70,34 @@ HIPMLA_DEVICE unsigned pick_halves(unsigned first, unsigned second) {
     return __builtin_amdgcn_perm(second, first, LOW ? 0x05040100u : 0x07060302u);
 }
 
-// The eight E2M1 nibbles of `x` (element 2j in the low nibble of byte j) as f32,
-// element order. E2M1 values are exact in e4m3fnuz, so a v_perm table maps magnitudes
-// to fp8 codes four at a time and v_cvt_pk_f32_fp8 does the rest. -0 must become code
-// 0x00, not 0x80 (NaN in fnuz): a nibble keeps its sign only when its magnitude is
-// nonzero ((m + 7) has bit 3 set exactly then; no carry leaves a nibble).
-HIPMLA_DEVICE void e2m1x8_to_f32(unsigned x, float* out) {
+// The eight E2M1 nibbles of `x` (element 2j in the low nibble of byte j) times `scale`
+// as f32, element order. E2M1 values are exact in e4m3fnuz, so a v_perm table maps
+// magnitudes to fp8 codes four at a time and v_cvt_pk_f32_fp8 does the rest. -0 must
+// become code 0x00, not 0x80 (NaN in fnuz): a nibble keeps its sign only when its
+// magnitude is nonzero ((m + 7) has bit 3 set exactly then; no carry leaves a nibble).
+// The scale multiplies the converts' pairs as they come (v_pk_mul_f32, two products an
+// instruction; in element order the pairs straddle two converts and took one each).
+HIPMLA_DEVICE void e2m1x8_to_f32_scaled(unsigned x, float scale, float* out) {
     constexpr unsigned TABLE_LO = 0x44403800u;  // 0, 0.5, 1, 1.5 as e4m3fnuz (bias 8)
     constexpr unsigned TABLE_HI = 0x54504c48u;  // 2, 3, 4, 6
     const unsigned mag = x & 0x77777777u;
     const unsigned sign = x & (mag + 0x77777777u) & 0x88888888u;
     const unsigned even = __builtin_amdgcn_perm(TABLE_HI, TABLE_LO, mag & 0x07070707u) | ((sign << 4) & 0x80808080u);
     const unsigned odd = __builtin_amdgcn_perm(TABLE_HI, TABLE_LO, (mag >> 4) & 0x07070707u) | (sign & 0x80808080u);
-    const f32x2 e02 = fp8x2_to_f32<false>(even), e46 = fp8x2_to_f32<true>(even);
-    const f32x2 e13 = fp8x2_to_f32<false>(odd), e57 = fp8x2_to_f32<true>(odd);
+    const f32x2 s2 = {scale, scale};
+    const f32x2 e02 = fp8x2_to_f32<false>(even) * s2, e46 = fp8x2_to_f32<true>(even) * s2;
+    const f32x2 e13 = fp8x2_to_f32<false>(odd) * s2, e57 = fp8x2_to_f32<true>(odd) * s2;
     out[0] = e02.x; out[1] = e13.x; out[2] = e02.y; out[3] = e13.y;
     out[4] = e46.x; out[5] = e57.x; out[6] = e46.y; out[7] = e57.y;
 }
 
 // An E8M0 code as its f32 scale 2^(code - 127): code 0 gives 2^-127 exactly (ldexp
-// makes the subnormal), 255 gives NaN as hip_src/KERNELS.md says. (gfx950's kernel lets
-// 255 become +inf; here the select costs two VALU per scale, not per element.)
+// makes the subnormal), 255 gives NaN as hip_src/KERNELS.md says: ldexp overflows to
+// +inf there, and x * 0 + x is x for every finite x and NaN for an infinite one (one FMA,
+// where a compare and a select took two; gfx950's kernel lets 255 become +inf).
 HIPMLA_DEVICE float e8m0_to_f32(unsigned code) {
-    return code == 255u ? f32_from_bits(0x7fc00000u) : __builtin_ldexpf(1.0f, int(code) - 127);
+    const float x = __builtin_ldexpf(1.0f, int(code) - 127);
+    return __builtin_fmaf(x, 0.0f, x);
 }
 
 

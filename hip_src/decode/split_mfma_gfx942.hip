@@ -76,7 +76,8 @@
 // (640 B): 60,096 / 32,448 / 21,072 B, so 1 / 2 / 3 blocks fit a CU's 64 KiB. Registers
 // (clang-22): 178 / 146 / 162 VGPRs, no AGPRs, no spills: the LDS bound holds (mxfp4's 3
 // waves per SIMD need <= 168). Per wave and tile (hipmla.aot's loop counts): 17 MFMAs,
-// 143 / 165 / 377 VALU, no vector-memory wait between a tile's first MFMA and its last
+// 143 / 165 / 337 VALU (mxfp4 377 before its scale products went two a v_pk_mul_f32 and
+// its E8M0 decode to one FMA), no vector-memory wait between a tile's first MFMA and its last
 // (all at its top: with finish_issue at the end of the tile clang placed its wait among
 // the P.V MFMAs).
 //
@@ -213,9 +214,7 @@ HIPMLA_DEVICE void dword_to_f32(unsigned w, float scale, float* out) {
         const f32x2 lo = fp8x2_to_f32<false>(w), hi = fp8x2_to_f32<true>(w);
         out[0] = lo.x; out[1] = lo.y; out[2] = hi.x; out[3] = hi.y;
     } else {
-        e2m1x8_to_f32(w, out);
-#pragma unroll
-        for (int k = 0; k < 8; ++k) out[k] *= scale;
+        e2m1x8_to_f32_scaled(w, scale, out);
     }
 }
 
