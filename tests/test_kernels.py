@@ -568,6 +568,28 @@ def test_fast_kernels_on_cpu_match_emulator(host_kernels, arch, kv_format, q_pre
     assert_matches_emulator(out, lse, emu_out.astype(np.float32), emu_lse)
 
 
+def test_gfx942_mxfp4_nan_block_scale_poisons_only_its_sequence(host_kernels):
+    """E8M0 255 is NaN (hipmla.formats): the gfx942 kernel decodes it to NaN (ldexp's
+    infinity through x * 0 + x), so every output of the sequence holding that block is
+    NaN, and the other sequences are exactly what they are without it."""
+    q, kv, layout = _case("mxfp4", "e4m3fnuz", seed=942)
+    spec = kernels.fast_split_kernel("gfx942", "mxfp4", "bf16")
+    seq = LENS.index(300)
+    row = sum(LENS[:seq]) + 150  # a token of a split sequence, inside a tile
+    poisoned = KVCache(kv.format, kv.data, scales=kv.scales.copy(), fp8_scale=kv.fp8_scale,
+                       fp8_variant=kv.fp8_variant, dim=kv.dim)
+    poisoned.scales[row, 3] = 255
+    errors = np.zeros(1, np.int32)
+    out_c, lse_c, _ = run_on_host(host_kernels, q, kv, layout, POLICY, 1 / 24, "bf16", "gfx942", errors, spec=spec)
+    out_p, lse_p, counters = run_on_host(host_kernels, q, poisoned, layout, POLICY, 1 / 24, "bf16", "gfx942",
+                                         errors, spec=spec)
+    assert errors[0] == 0 and (counters == 0).all()
+    assert np.isnan(out_p[seq]).all() and np.isnan(lse_p[seq]).all()
+    others = [s for s in range(len(LENS)) if s != seq]
+    assert np.array_equal(out_c[others].view(np.uint32), out_p[others].view(np.uint32))
+    assert np.array_equal(lse_c[others].view(np.uint32), lse_p[others].view(np.uint32))
+
+
 @pytest.mark.parametrize("arch, kv_format, q_precision", FAST_CASES)
 def test_fast_kernels_on_cpu_wait_for_their_copies(host_kernels, arch, kv_format, q_precision):
     """The same batch with every global -> LDS copy landing only at the s_waitcnt vmcnt that
