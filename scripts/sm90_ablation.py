@@ -7,7 +7,12 @@ their device time means something. Times are CUDA events, L2 flushed, median of 
 
     python3 scripts/sm90_ablation.py [--formats mxfp4,fp8] [--shapes 64x8k,256x8k,4x1k] [--variants full,-merge]
 
-The kernel's header quotes a run of it ("Measured").
+With --tree NAME=DIR (repeatable) it also times the kernel of another hip_src tree (a
+worktree of an earlier commit, a trial change) beside the variants: an A/B of two designs
+on the same inputs, in one process. --check runs each build's known-answer self-test
+first (for trees, whose outputs should be right); --page-size times a paged cache.
+
+The kernel's header quotes runs of it ("Measured", "Tried and dropped").
 """
 from __future__ import annotations
 
@@ -27,7 +32,7 @@ from hipmla import kernels, runtime  # noqa: E402
 from hipmla.bench import Timer, device_step, read_gbs  # noqa: E402
 from hipmla.decode import Decoder  # noqa: E402
 from hipmla.inputs import BENCH_SM_SCALE, random_cache  # noqa: E402
-from hipmla.paging import KvLayout  # noqa: E402
+from hipmla.paging import KvLayout, random_page_table, scatter  # noqa: E402
 
 KERNEL = "decode/split_sm90.hip"
 
@@ -109,7 +114,8 @@ VARIANTS: dict[str, tuple[str, ...]] = {
     "-merge work": ("merge_work",),
     "scan_chain": ("scan_chain",),
 }
-SHAPES = {"4x1k": (4, 1024), "4x8k": (4, 8192), "32x1k": (32, 1024), "64x8k": (64, 8192), "256x8k": (256, 8192)}
+SHAPES = {"4x1k": (4, 1024), "4x8k": (4, 8192), "32x1k": (32, 1024), "32x8k": (32, 8192), "64x8k": (64, 8192),
+          "256x1k": (256, 1024), "256x8k": (256, 8192)}
 
 
 def edited_source(root: Path, parts: tuple[str, ...]) -> None:
@@ -128,14 +134,26 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--formats", default="mxfp4,fp8")
     ap.add_argument("--shapes", default="64x8k,256x8k,4x1k")
     ap.add_argument("--iters", type=int, default=20)
-    ap.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated names of VARIANTS")
+    ap.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated names of VARIANTS ('' for none)")
+    ap.add_argument("--tree", action="append", default=[], metavar="NAME=DIR",
+                    help="also time the kernel of another hip_src tree, unedited")
+    ap.add_argument("--check", action="store_true", help="run each build's known-answer self-test first")
+    ap.add_argument("--page-size", type=int, default=0, help="0: contiguous rows; else pages in random order")
     args = ap.parse_args(argv)
-    variants = {name: VARIANTS[name] for name in args.variants.split(",")}
+    variants = {name: VARIANTS[name] for name in filter(None, args.variants.split(","))}
+    trees_in = {}
+    for item in args.tree:
+        name, sep, path = item.partition("=")
+        if not sep or not (Path(path) / KERNEL).is_file():
+            raise SystemExit(f"--tree: expected NAME=DIR with DIR/{KERNEL}, got {item!r}")
+        trees_in[name] = Path(path).resolve()
     formats = args.formats.split(",")
     shapes = {name: SHAPES[name] for name in args.shapes.split(",")}
     info = runtime.device_info(0)
     timer = Timer(info.l2_bytes)
-    print(f"{info.name}: read {read_gbs() or float('nan'):.0f} GB/s; us, L2 flushed, median of {args.iters}")
+    layout_name = f"paged, {args.page_size} rows a page" if args.page_size else "contiguous rows"
+    print(f"{info.name}: read {read_gbs() or float('nan'):.0f} GB/s; us, L2 flushed, median of {args.iters}, "
+          f"{layout_name}")
     original = kernels.hip_src_dir()
     rng = np.random.default_rng(0)
     with tempfile.TemporaryDirectory() as tmp:
@@ -145,19 +163,25 @@ def main(argv: list[str]) -> int:
             shutil.copytree(original, root)
             edited_source(root, parts)
             trees[name] = root
-        print(f"{'variant':>16} " + " ".join(f"{f + ' ' + s:>14}" for f in formats for s in shapes))
+        trees.update(trees_in)
+        print(f"{'variant':>16} " + " ".join(f"{f + ' ' + s:>14}" for f in formats for s in shapes), flush=True)
         results = {name: [] for name in trees}
         for fmt in formats:
             max_b = max(b for b, _ in shapes.values())
             kv = random_cache(max(b * n for b, n in shapes.values()), fmt, rng)
             for b, n in shapes.values():
-                _, bufs, extra = device_step(kv, KvLayout.contiguous(np.full(b, n)), rng)
+                lens = np.full(b, n)
+                if args.page_size:
+                    layout = random_page_table(lens, args.page_size, rng)
+                    _, bufs, extra = device_step(scatter(kv, layout), layout, rng)
+                else:
+                    _, bufs, extra = device_step(kv, KvLayout.contiguous(lens), rng)
                 for k, (name, root) in enumerate(trees.items()):
                     kernels.hip_src_dir = lambda root=root: root  # this process compiles from the edited copy
                     # A define of its own per variant: the runtime keeps one loaded kernel per spec.
                     spec = kernels.sm90_split_kernel(fmt)
                     spec = dataclasses.replace(spec, defines=spec.defines + (("HIPMLA_ABLATION_VARIANT", str(k)),))
-                    dec = Decoder(fmt, BENCH_SM_SCALE, selftest=False, max_batch=max_b, kernel=spec)
+                    dec = Decoder(fmt, BENCH_SM_SCALE, selftest=args.check, max_batch=max_b, kernel=spec)
                     results[name].append(statistics.median(timer.time(lambda: dec.run(**bufs, **extra),
                                                                       args.iters, flush=True)))
                     dec.close()
