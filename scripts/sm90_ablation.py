@@ -29,10 +29,9 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from hipmla import kernels, runtime  # noqa: E402
-from hipmla.bench import Timer, device_step, read_gbs  # noqa: E402
+from hipmla.bench import Timer, lens_step, read_gbs  # noqa: E402
 from hipmla.decode import Decoder  # noqa: E402
 from hipmla.inputs import BENCH_SM_SCALE, random_cache  # noqa: E402
-from hipmla.paging import KvLayout, random_page_table, scatter  # noqa: E402
 
 KERNEL = "decode/split_sm90.hip"
 
@@ -170,12 +169,7 @@ def main(argv: list[str]) -> int:
             max_b = max(b for b, _ in shapes.values())
             kv = random_cache(max(b * n for b, n in shapes.values()), fmt, rng)
             for b, n in shapes.values():
-                lens = np.full(b, n)
-                if args.page_size:
-                    layout = random_page_table(lens, args.page_size, rng)
-                    _, bufs, extra = device_step(scatter(kv, layout), layout, rng)
-                else:
-                    _, bufs, extra = device_step(kv, KvLayout.contiguous(lens), rng)
+                _, bufs, extra, _ = lens_step(kv, np.full(b, n), args.page_size, rng)
                 for k, (name, root) in enumerate(trees.items()):
                     kernels.hip_src_dir = lambda root=root: root  # this process compiles from the edited copy
                     # A define of its own per variant: the runtime keeps one loaded kernel per spec.

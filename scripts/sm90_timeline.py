@@ -30,10 +30,9 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from hipmla import kernels, runtime  # noqa: E402
-from hipmla.bench import Timer, device_step  # noqa: E402
+from hipmla.bench import Timer, lens_step  # noqa: E402
 from hipmla.decode import Decoder  # noqa: E402
 from hipmla.inputs import BENCH_SM_SCALE, random_cache  # noqa: E402
-from hipmla.paging import KvLayout, random_page_table, scatter  # noqa: E402
 
 KERNEL = "decode/split_sm90.hip"
 PHASES = ("start", "schedule", "prologue", "tiles", "stored", "arrived", "end")
@@ -179,12 +178,7 @@ def main(argv: list[str]) -> int:
             dec = Decoder(fmt, BENCH_SM_SCALE, selftest=False, max_batch=max_b, kernel=spec)
             kernels.hip_src_dir = lambda: original
             for name, (b, n) in shapes.items():
-                lens = np.full(b, n)
-                if args.page_size:
-                    layout = random_page_table(lens, args.page_size, rng)
-                    _, bufs, extra = device_step(scatter(kv, layout), layout, rng)
-                else:
-                    _, bufs, extra = device_step(kv, KvLayout.contiguous(lens), rng)
+                _, bufs, extra, _ = lens_step(kv, np.full(b, n), args.page_size, rng)
                 times = timer.time(lambda: dec.run(**bufs, **extra), args.iters, flush=True)
                 grid = kernels.grid_decode(dec.policy.max_items(b))[0]
                 slots = runtime.DeviceArray((grid, SLOT_WORDS), np.uint64, ptr=dec._scratch.ptr)
