@@ -140,9 +140,12 @@
 // instruction issues one lane at a time), mxfp4 no faster (479.3 -> 491.9: its per-thread
 // E8M0 path stays, and the 7 other warps ran as many instructions as before), and a cache
 // of 1-row pages 158.3 -> 213.8 us at 64x8k (32 copies a tile again);
-// scripts/results/h200-2026-12-02-sm90-bulk-copy-ring.txt. Both agree with the kernel
-// being issue-bound on its total instruction count: time follows instructions, not how
-// the phases overlap.
+// scripts/results/h200-2026-12-02-sm90-bulk-copy-ring.txt. (3) Q's fragments in shared
+// memory, loaded for each tile's Q.K, to give ptxas 18 registers for the loop: it used 126
+// and issued one instruction more a tile; mxfp4 256x8k 479.9 -> 487.5 us (fp8 on 3 stages
+// too: 437.0 -> 447.8); scripts/results/h200-2026-12-02-sm90-q-shared.txt. All three agree
+// with the kernel being issue-bound on its total instruction count: time follows
+// instructions, not how the phases overlap or how many registers are free.
 #include "params.h"
 #include "common/config.h"
 #include "common/numerics.h"
