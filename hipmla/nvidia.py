@@ -150,6 +150,19 @@ def find_nvrtc() -> Path | None:
     return None
 
 
+def find_cuda_tool(name: str) -> str | None:
+    """A CUDA command-line tool (``cuobjdump``, ``nvdisasm``, ``nvcc``): on PATH, or shipped
+    by a pip ``nvidia-cuda-*`` wheel (which puts it under ``nvidia/<package>/bin``)."""
+    found = shutil.which(name)
+    if found:
+        return found
+    spec = importlib.util.find_spec("nvidia")
+    for package_dir in (spec.submodule_search_locations or []) if spec else []:
+        for candidate in sorted(Path(package_dir).glob(f"*/bin/{name}")):
+            return str(candidate)
+    return None
+
+
 def shim_env(root: Path) -> dict[str, str]:
     """Environment entries that make hip-python in a child process use the shim at ``root``."""
     env = {"ROCM_PATH": str(root)}

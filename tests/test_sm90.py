@@ -148,17 +148,7 @@ def test_compiles_for_sm_90_through_hiprtc(nvrtc_builds, spec):
 
 
 def _cuda_tool(name: str) -> str | None:
-    found = shutil.which(name)
-    if found:
-        return found
-    try:
-        import nvidia as nvidia_pkgs  # the pip wheels nvidia-cuda-* share this namespace
-    except ImportError:
-        return None
-    for base in nvidia_pkgs.__path__:
-        for candidate in Path(base).glob(f"*/bin/{name}"):
-            return str(candidate)
-    return None
+    return nvidia.find_cuda_tool(name)
 
 
 @needs_nvrtc
@@ -244,8 +234,51 @@ def test_one_tile_items_do_not_depend_on_the_tile_size():
 def _script(name: str):
     spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses look their module up there
     spec.loader.exec_module(module)
     return module
+
+
+SYNTHETIC_SASS = """
+        Function : k
+        /*0000*/                   MOV R1, c[0x0][0x28] ;
+        /*0010*/                   HMMA.16816.F32.BF16 R4, R8, R12, R4 ;
+        /*0020*/              @P0  BRA 0x60 ;
+        /*0030*/                   FMUL R4, R4, R2 ;
+        /*0040*/                   SHFL.BFLY PT, R5, R4, 0x1, 0x1f ;
+        /*0050*/                   FMUL R5, R5, R2 ;
+        /*0060*/                   MOVM.16.MT88 R6, R7 ;
+        /*0070*/                   HMMA.16816.F32.BF16 R4, R8, R6, R4 ;
+        /*0080*/              @!P1 BRA 0x10 ;
+        /*0090*/                   EXIT ;
+"""
+
+
+def test_sm90_counts_finds_the_tile_loop_and_its_skipped_blocks():
+    """scripts/sm90_counts.py on a hand-made disassembly: the loop is the backward branch
+    around the HMMAs; a forward-branched block is only counted as skipped when it is one
+    of the named steady-state blocks (this one, 3 instructions, is not)."""
+    counts = _script("sm90_counts")
+    body = counts.tile_loop(counts.parse(SYNTHETIC_SASS, "k"))
+    assert [i.address for i in body] == list(range(0x10, 0x90, 0x10))
+    c = counts.count(SYNTHETIC_SASS, "k")
+    assert c.loop == 8 and c.skipped == {} and c.straight == 8 and c.per_token == 8 * 8 / 32
+    assert c.mix["HMMA.16816.F32.BF16"] == 2 and c.mix["MOVM.16.MT88"] == 1
+    with pytest.raises(ValueError, match="not in the disassembly"):
+        counts.parse(SYNTHETIC_SASS, "other")
+
+
+@pytest.mark.skipif(nvidia.find_cuda_tool("nvcc") is None or nvidia.find_cuda_tool("cuobjdump") is None,
+                    reason="no nvcc / cuobjdump")
+def test_sm90_counts_of_the_mxfp4_kernel(tmp_path):
+    """The real tile loop: per warp and 32-token tile 36 mma (16 + 4 for Q.K, 16 for P.V)
+    and 32 movmatrix on the straight path, and the three blocks a steady tile skips."""
+    counts = _script("sm90_counts")
+    symbol, sass = counts.compile_sass("mxfp4", None, tmp_path)
+    c = counts.count(sass, symbol)
+    assert c.mix["HMMA.16816.F32.BF16"] == 32 and c.mix["HMMA.1688.F32.BF16"] == 4 and c.mix["MOVM.16.MT88"] == 32
+    assert set(c.skipped) == {"O rescale", "max chain", "page-table read"} and c.skipped["O rescale"] >= 32
+    assert c.straight < c.loop and c.per_token == c.straight * 8 / 32
 
 
 def test_every_ablation_variant_still_applies(tmp_path):

@@ -1,0 +1,177 @@
+#!/usr/bin/env python3
+"""Instruction counts of the sm_90 kernel's tile loop, from its SASS (no GPU needed).
+
+On the H200 the kernel is issue-bound and its time follows its instruction count
+(``split_sm90.hip``'s header, "Tried and dropped"), so a change to the loop is counted
+before it is timed. This compiles each cache format's kernel with nvcc (``-arch=sm_90
+-O3``, the NVRTC build's options), disassembles it with cuobjdump and finds the tile loop:
+the backward branch whose body holds the most HMMAs. It reports the loop's length, the
+blocks inside it that a forward branch skips in the steady state (the O rescale when no
+running max moved, the running max's shuffle chain, a paged cache's page-table read: each
+named by what it holds), the straight path a warp runs on most tiles, and that path per
+token (x 8 warps / 32 tokens), with the instruction mix.
+
+    python3 scripts/sm90_counts.py [--formats mxfp4,fp8,bf16] [--src DIR] [--mix]
+
+``--src`` counts another hip_src tree (a trial change) with this tree's Python.
+Needs nvcc and cuobjdump (``pip install nvidia-cuda-cuobjdump``; hipmla.nvidia.find_cuda_tool).
+"""
+from __future__ import annotations
+
+import argparse
+import re
+import subprocess
+import sys
+import tempfile
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from hipmla import kernels, nvidia  # noqa: E402
+
+WARPS, TILE = 8, 32  # split_sm90.hip: 8 warps split a 32-token tile's dimensions
+
+_LINE = re.compile(r"^\s+/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;")
+_BRANCH = re.compile(r"^(?:@!?U?P\w+\s+)?BRA\s+(?:0x)?([0-9a-f]+)")
+
+
+@dataclass
+class Sass:
+    address: int
+    text: str
+
+    @property
+    def opcode(self) -> str:
+        return re.sub(r"^@!?U?P\w+\s+", "", self.text).split()[0]
+
+
+@dataclass
+class LoopCount:
+    symbol: str
+    loop: int  # instructions in the loop's body, every block counted once
+    skipped: dict[str, int] = field(default_factory=dict)  # what the steady state branches over
+    mix: Counter = field(default_factory=Counter)  # opcodes of the straight path
+
+    @property
+    def straight(self) -> int:
+        return self.loop - sum(self.skipped.values())
+
+    @property
+    def per_token(self) -> float:
+        return self.straight * WARPS / TILE
+
+
+def parse(sass: str, symbol: str) -> list[Sass]:
+    """The instructions of ``symbol``'s function in cuobjdump -sass output."""
+    out, inside = [], False
+    for line in sass.splitlines():
+        if line.strip().startswith("Function :"):
+            inside = line.split(":", 1)[1].strip() == symbol
+            continue
+        m = _LINE.match(line)
+        if inside and m:
+            out.append(Sass(int(m.group(1), 16), m.group(2)))
+    if not out:
+        raise ValueError(f"{symbol}: not in the disassembly")
+    return out
+
+
+def _target(ins: Sass) -> int | None:
+    m = _BRANCH.match(ins.text)
+    return int(m.group(1), 16) if m else None
+
+
+def tile_loop(code: list[Sass]) -> list[Sass]:
+    """The body of the backward branch that encloses the most HMMAs."""
+    at = {ins.address: k for k, ins in enumerate(code)}
+    best = None
+    for k, ins in enumerate(code):
+        tgt = _target(ins)
+        if tgt is None or tgt >= ins.address or tgt not in at:
+            continue
+        body = code[at[tgt]:k + 1]
+        n = sum(i.opcode.startswith("HMMA") for i in body)
+        if n and (best is None or n > best[0]):
+            best = (n, body)
+    if best is None:
+        raise ValueError("no loop with an HMMA")
+    return best[1]
+
+
+def steady_skips(body: list[Sass]) -> list[tuple[int, int, str]]:
+    """Blocks ``body[a:b]`` that a forward branch in the loop skips on a tile whose running
+    max did not move, on a contiguous cache, named by their content: (a, b, name). Of nested
+    blocks of one kind only the innermost counts (the page-table read sits inside the
+    block that a row past the item skips)."""
+    at = {ins.address: k for k, ins in enumerate(body)}
+    found = []
+    for k, ins in enumerate(body):
+        tgt = _target(ins)
+        if tgt is None or tgt <= ins.address or tgt not in at or not ins.text.startswith("@"):
+            continue
+        a, b = k + 1, at[tgt]
+        ops = Counter(i.opcode for i in body[a:b])
+        if ops["FMUL"] >= 32:
+            found.append((a, b, "O rescale"))
+        elif ops["SHFL.BFLY"] >= 4 and b - a < 40:
+            found.append((a, b, "max chain"))
+        elif any(op.startswith("LD.E") for op in ops) and b - a < 40 and not ops["HMMA.16816.F32.BF16"]:
+            found.append((a, b, "page-table read"))
+    return [f for f in found if not any(g != f and g[2] == f[2] and f[0] <= g[0] and g[1] <= f[1] for g in found)]
+
+
+def count(sass: str, symbol: str) -> LoopCount:
+    body = tile_loop(parse(sass, symbol))
+    result = LoopCount(symbol, len(body))
+    drop: set[int] = set()
+    for a, b, name in steady_skips(body):
+        result.skipped[name] = result.skipped.get(name, 0) + b - a
+        drop.update(range(a, b))
+    result.mix = Counter(ins.opcode for k, ins in enumerate(body) if k not in drop)
+    return result
+
+
+def compile_sass(kv_format: str, src: Path | None, work: Path) -> tuple[str, str]:
+    """(symbol, cuobjdump -sass text) of the sm_90 kernel for ``kv_format``."""
+    nvcc, cuobjdump = nvidia.find_cuda_tool("nvcc"), nvidia.find_cuda_tool("cuobjdump")
+    if nvcc is None or cuobjdump is None:
+        raise SystemExit("needs nvcc and cuobjdump (pip install nvidia-cuda-cuobjdump)")
+    spec = kernels.sm90_split_kernel(kv_format)
+    original = kernels.hip_src_dir
+    if src is not None:
+        kernels.hip_src_dir = lambda: src
+    try:
+        text = kernels.translation_unit(spec.source)
+    finally:
+        kernels.hip_src_dir = original
+    tu, cubin = work / f"{kv_format}.cu", work / f"{kv_format}.cubin"
+    tu.write_text(text)
+    subprocess.run([nvcc, "-arch=sm_90", "-cubin", "-O3", *spec.options("sm_90"), "-x", "cu", str(tu), "-o", str(cubin)],
+                   check=True, capture_output=True, text=True)
+    return spec.symbol, subprocess.run([cuobjdump, "-sass", str(cubin)], check=True, capture_output=True,
+                                       text=True).stdout
+
+
+def main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--formats", default="bf16,fp8,mxfp4")
+    ap.add_argument("--src", type=Path, default=None, help="a hip_src tree to count instead of this one")
+    ap.add_argument("--mix", action="store_true", help="print the straight path's opcodes")
+    args = ap.parse_args(argv)
+    with tempfile.TemporaryDirectory() as tmp:
+        for fmt in args.formats.split(","):
+            symbol, sass = compile_sass(fmt, args.src.resolve() if args.src else None, Path(tmp))
+            c = count(sass, symbol)
+            skips = ", ".join(f"{name} {n}" for name, n in c.skipped.items()) or "none"
+            print(f"{fmt:>5}: loop {c.loop} instructions; skipped in the steady state: {skips}; straight path "
+                  f"{c.straight} a warp and tile = {c.per_token:.1f} warp-instructions a token "
+                  f"(HMMA {sum(v for k, v in c.mix.items() if k.startswith('HMMA'))}, MOVM {c.mix['MOVM.16.MT88']})")
+            if args.mix:
+                print("       " + ", ".join(f"{op} {n}" for op, n in c.mix.most_common()))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
