@@ -135,12 +135,13 @@
 // pipelined loop, P.V of tile beside Q.K of tile + 1 (the tensor-core chain beside the bit
 // conversion; the ablation above had P.V's mma at 13% of the time): ptxas made the loop
 // 488 -> 525 instructions (mxfp4; fp8 437 -> 476, bf16 280 -> 316: addresses it no longer
-// kept in registers) and every format ran 1-4% slower (mxfp4 256x8k 475.9 -> 492.8 us;
+// kept in registers) and the large shapes ran 1-4% slower in every format (mxfp4 256x8k
+// 475.9 -> 492.8 us; 4x1k 20.2 -> 19.5;
 // scripts/results/h200-2026-12-02-sm90-pipelined-pv.txt). (2) The ring filled by
 // cp.async.bulk from one warp (a run of consecutive rows per copy, one mbarrier a stage):
 // fp8 2-4% faster (256x8k 438.1 -> 430.8, 64x8k 124.4 -> 120.8), bf16 2-3% at the large
 // shapes but 4x1k 19.7 -> 21.8 (its padded rows take 32 copies a tile, which the copy
-// instruction issues one lane at a time), mxfp4 no faster (479.3 -> 491.9: its per-thread
+// instruction issues one lane at a time), mxfp4 slower (256x8k 479.3 -> 491.9: its per-thread
 // E8M0 path stays, and the 7 other warps ran as many instructions as before), and a cache
 // of 1-row pages 158.3 -> 213.8 us at 64x8k (32 copies a tile again);
 // scripts/results/h200-2026-12-02-sm90-bulk-copy-ring.txt. (3) Q's fragments in shared
