@@ -135,7 +135,7 @@
 // pipelined loop, P.V of tile beside Q.K of tile + 1 (the tensor-core chain beside the bit
 // conversion; the ablation above had P.V's mma at 13% of the time): ptxas made the loop
 // 488 -> 525 instructions (mxfp4; fp8 437 -> 476, bf16 280 -> 316: addresses it no longer
-// kept in registers) and the large shapes ran 1-4% slower in every format (mxfp4 256x8k
+// kept in registers) and the large shapes ran 0.7-4% slower in every format (mxfp4 256x8k
 // 475.9 -> 492.8 us; 4x1k 20.2 -> 19.5;
 // scripts/results/h200-2026-12-02-sm90-pipelined-pv.txt). (2) The ring filled by
 // cp.async.bulk from one warp (a run of consecutive rows per copy, one mbarrier a stage):
