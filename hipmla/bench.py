@@ -295,10 +295,9 @@ def device_step(cache, layout: KvLayout, rng: np.random.Generator):
 def lens_step(kv, lens, page_size: int, rng: np.random.Generator):
     """:func:`device_step` for sequences of ``lens`` tokens read from the front of ``kv``:
     contiguous rows (``page_size`` 0), or ``kv`` scattered into pages of ``page_size`` rows
-    in random order. Returns the host Q, the buffers, the other arguments and the layout."""
+    in random order. Returns what :func:`device_step` returns."""
     layout = random_page_table(lens, page_size, rng) if page_size else KvLayout.contiguous(lens)
-    q, bufs, extra = device_step(scatter(kv, layout) if page_size else kv, layout, rng)
-    return q, bufs, extra, layout
+    return device_step(scatter(kv, layout) if page_size else kv, layout, rng)
 
 
 def run_bench(formats, iters: int, device: int, with_torch: bool, out_dir: Path | None,
@@ -327,7 +326,7 @@ def run_bench(formats, iters: int, device: int, with_torch: bool, out_dir: Path 
         stride = kv.scales.shape[1] if fmt == "mxfp4" else 0
         for name, lens in shapes:
             b = lens.shape[0]
-            q, bufs, extra, _ = lens_step(kv, lens, page_size, rng)
+            q, bufs, extra = lens_step(kv, lens, page_size, rng)
 
             def call():
                 dec.run(**bufs, **extra)

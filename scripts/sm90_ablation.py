@@ -169,7 +169,7 @@ def main(argv: list[str]) -> int:
             max_b = max(b for b, _ in shapes.values())
             kv = random_cache(max(b * n for b, n in shapes.values()), fmt, rng)
             for b, n in shapes.values():
-                _, bufs, extra, _ = lens_step(kv, np.full(b, n), args.page_size, rng)
+                _, bufs, extra = lens_step(kv, np.full(b, n), args.page_size, rng)
                 for k, (name, root) in enumerate(trees.items()):
                     kernels.hip_src_dir = lambda root=root: root  # this process compiles from the edited copy
                     # A define of its own per variant: the runtime keeps one loaded kernel per spec.

@@ -178,7 +178,7 @@ def main(argv: list[str]) -> int:
             dec = Decoder(fmt, BENCH_SM_SCALE, selftest=False, max_batch=max_b, kernel=spec)
             kernels.hip_src_dir = lambda: original
             for name, (b, n) in shapes.items():
-                _, bufs, extra, _ = lens_step(kv, np.full(b, n), args.page_size, rng)
+                _, bufs, extra = lens_step(kv, np.full(b, n), args.page_size, rng)
                 times = timer.time(lambda: dec.run(**bufs, **extra), args.iters, flush=True)
                 grid = kernels.grid_decode(dec.policy.max_items(b))[0]
                 slots = runtime.DeviceArray((grid, SLOT_WORDS), np.uint64, ptr=dec._scratch.ptr)

@@ -147,15 +147,11 @@ def test_compiles_for_sm_90_through_hiprtc(nvrtc_builds, spec):
     assert not r["local"], f"{spec.symbol}: the cubin has local memory (spills or a stack array)"
 
 
-def _cuda_tool(name: str) -> str | None:
-    return nvidia.find_cuda_tool(name)
-
-
 @needs_nvrtc
 @pytest.mark.parametrize("spec", SPECS, ids=_ids)
 def test_resources_of_the_nvrtc_cubin(nvrtc_builds, spec):
     """Two blocks of 8 warps per SM: <= 128 registers, no stack, no local memory."""
-    tool = _cuda_tool("cuobjdump")
+    tool = nvidia.find_cuda_tool("cuobjdump")
     if tool is None:
         pytest.skip("no cuobjdump (pip install nvidia-cuda-cuobjdump)")
     usage = subprocess.run([tool, "-res-usage", nvrtc_builds[spec.symbol]["path"]], capture_output=True,
