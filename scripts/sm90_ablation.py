@@ -38,11 +38,11 @@ KERNEL = "decode/split_sm90.hip"
 # name -> [(old, new)] on the kernel's source, or [(file under hip_src, old, new)]. "copies" keeps the commits, so the ring's
 # waits still count groups; the other loop edits keep every load whose result they use.
 PARTS: dict[str, list[tuple[str, str]]] = {
-    "copies": [("""        if (MXFP4) store_scales(tile + STAGES - 1);
+    "copies": [("""        if (MXFP4) store_scales(tile + STAGES - 1, prev_stage);
         {
             const long long r = tile_row(tile + STAGES);
             if (MXFP4) load_scales(tile + STAGES, r);
-            issue_tile(tile + STAGES, r);
+            issue_tile(tile + STAGES, stage, r);
         }""", "        cp_async_commit();")],
     "convert": [("e4m3x4_to_bf16x2_scaled_down(wv[kk], w2);", "w2[0] = wv[kk]; w2[1] = wv[kk] >> 3;"),
                 ("e2m1x8_to_bf16x2_scaled_down(wv[k], w4);",

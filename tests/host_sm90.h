@@ -121,7 +121,9 @@ inline unsigned fma_bf16x2(unsigned a, unsigned b, unsigned c) {
 }
 
 inline unsigned select_bits(unsigned m, unsigned a, unsigned b) { return (a & m) | (b & ~m); }
-inline unsigned and_bits(unsigned a, unsigned m) { return a & m; }
+template <unsigned M>
+inline unsigned and_bits(unsigned a) { return a & M; }
+inline unsigned loop_invariant(unsigned v) { return v; }
 inline unsigned pack_bf16x2_rn(float lo, float hi) { return hipmla_lanes::bf16_rne(lo) | (hipmla_lanes::bf16_rne(hi) << 16); }
 
 inline float exp2_approx(float x) {

@@ -90,9 +90,19 @@ HIPMLA_DEVICE unsigned select_bits(unsigned m, unsigned a, unsigned b) {
 
 // a & m as one opaque lop3 (LUT 0xC0): a sign word masked once and then shifted for
 // several words, which the compiler would otherwise re-mask after every shift.
-HIPMLA_DEVICE unsigned and_bits(unsigned a, unsigned m) {
+template <unsigned M>
+HIPMLA_DEVICE unsigned and_bits(unsigned a) {
     unsigned d;
-    asm("lop3.b32 %0, %1, %2, %2, 0xC0;\n" : "=r"(d) : "r"(a), "r"(m));
+    asm("lop3.b32 %0, %1, %2, 0, 0xC0;\n" : "=r"(d) : "r"(a), "n"(M));
+    return d;
+}
+
+// v through a mov the compiler cannot look into: a per-thread constant formed once before
+// a loop stays in a register (without it, the optimizer rebuilt the value from the thread
+// index inside the loop, several instructions every iteration).
+HIPMLA_DEVICE unsigned loop_invariant(unsigned v) {
+    unsigned d;
+    asm volatile("mov.b32 %0, %1;\n" : "=r"(d) : "r"(v));
     return d;
 }
 
@@ -125,8 +135,8 @@ HIPMLA_DEVICE float exp2_approx(float x) {
 // that the only stray sign bits land on magnitude positions, which the lop3 overwrites.
 HIPMLA_DEVICE void e2m1x8_to_bf16x2_scaled_down(unsigned q, unsigned (&w)[4]) {
     constexpr unsigned MAG = 0x01C001C0u;
-    const unsigned se = and_bits(q, 0x08080808u);  // signs of n0, n2, n4, n6
-    const unsigned so = and_bits(q, 0x80808080u);  // signs of n1, n3, n5, n7
+    const unsigned se = and_bits<0x08080808u>(q);  // signs of n0, n2, n4, n6
+    const unsigned so = and_bits<0x80808080u>(q);  // signs of n1, n3, n5, n7
     w[0] = select_bits(MAG, q << 6, se << 12);
     w[1] = select_bits(MAG, q << 2, so << 8);
     w[2] = select_bits(MAG, q >> 2, se << 4);
@@ -140,7 +150,7 @@ HIPMLA_DEVICE void e2m1x8_to_bf16x2_scaled_down(unsigned q, unsigned (&w)[4]) {
 // nibbles apart first took 8.
 HIPMLA_DEVICE unsigned e2m1x2_to_bf16x2_scaled_down(unsigned byte) {
     const unsigned mags = byte * 0x00040040u;                  // x: bits 6-8, y: bits 22-24
-    const unsigned signs = and_bits(byte * 0x01001000u, 0x80008000u);  // x: bit 15, y: bit 31
+    const unsigned signs = and_bits<0x80008000u>(byte * 0x01001000u);  // x: bit 15, y: bit 31
     return select_bits(0x01C001C0u, mags, signs);
 }
 
@@ -151,7 +161,7 @@ HIPMLA_DEVICE unsigned e2m1x2_to_bf16x2_scaled_down(unsigned byte) {
 // (finite; see the kernel's header).
 HIPMLA_DEVICE void e4m3x4_to_bf16x2_scaled_down(unsigned q, unsigned (&w)[2]) {
     constexpr unsigned MAG = 0x07F007F0u;
-    const unsigned s = and_bits(q, 0x80808080u);
+    const unsigned s = and_bits<0x80808080u>(q);
     w[0] = select_bits(MAG, q << 4, s << 8);
     w[1] = select_bits(MAG, q >> 4, s);
 }

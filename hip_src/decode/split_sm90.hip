@@ -267,6 +267,10 @@ HIPMLA_DEVICE unsigned q_scaled(const unsigned short* q, int h, int d) {
 
 // E8M0 byte -> bf16x2 (2^(s-65), 2^(s-65)), saturating at +inf (s >= 193): a min and
 // one multiply-add (the clamp before the add, which the multiply-add then absorbs).
+// Stage.mult's order: the multipliers of rows g, g + 8, g + 16, g + 24 and one block are
+// 16 consecutive bytes, so a lane loads its 4 n-tiles' multipliers of a block at once.
+HIPMLA_DEVICE constexpr int mult_index(int row, int block) { return ((row & 7) * SCALES + block) * 4 + (row >> 3); }
+
 HIPMLA_DEVICE unsigned e8m0_multiplier(unsigned s) {
     const unsigned e = (s < 193u ? s : 193u) + 62u;
     return e * 0x00800080u;
@@ -329,11 +333,11 @@ extern "C" __global__ void __launch_bounds__(hipmla::sm90k::THREADS, 2) HIPMLA_S
         const int tok = tile * TILE + prow;
         return tile < n_tiles && tok < n ? rows.row(it.begin + tok) : 0;
     };
-    auto issue_tile = [&](int tile, long long row) {
+    auto issue_tile = [&](int tile, int stage, long long row) {
         if (tile < n_tiles) {
             const bool valid = tile * TILE + prow < n;
             const unsigned char* src = kv_base + row * ROW_BYTES + 16 * first;
-            const unsigned dst = smem_address(sm.ring.stage[tile % STAGES].kv + prow * ROW_STRIDE + 16 * first);
+            const unsigned dst = smem_address(sm.ring.stage[stage].kv + prow * ROW_STRIDE + 16 * first);
             const unsigned bytes = valid ? 16u : 0u;
 #pragma unroll
             for (int c = 0; c < CHUNKS / 8; ++c) cp_async_16(dst + copy_offset(c), src + copy_offset(c), bytes);
@@ -350,12 +354,12 @@ extern "C" __global__ void __launch_bounds__(hipmla::sm90k::THREADS, 2) HIPMLA_S
             scale_bytes[k] = valid && b < SCALES ? unsigned(p.kv_scale[row * p.stride_kv_scale + b]) : 0u;
         }
     };
-    auto store_scales = [&](int tile) {
+    auto store_scales = [&](int tile, int stage) {
         if (tile >= n_tiles) return;
 #pragma unroll
         for (int k = 0; k < SCALE_SLOTS; ++k) {
             const int b = psub + 8 * k;
-            if (b < SCALES) sm.ring.stage[tile % STAGES].mult[prow * SCALES + b] = e8m0_multiplier(scale_bytes[k]);
+            if (b < SCALES) sm.ring.stage[stage].mult[mult_index(prow, b)] = e8m0_multiplier(scale_bytes[k]);
         }
     };
 
@@ -363,6 +367,15 @@ extern "C" __global__ void __launch_bounds__(hipmla::sm90k::THREADS, 2) HIPMLA_S
     const int sh = 2 * warp + (lane >> 4), su = lane & 15;
     const float qk_scale = p.sm_scale_log2 * (FP8 ? p.kv_fp8_scale : 1.0f);
     float m_run = neg_inf, l_run = 0.0f;
+    // Where the thread's P goes in pfrag, formed once (inside the loop ptxas rebuilt it from
+    // the thread index every tile): tokens 16 kk' + 2u, +1 (u = su % 8) are P.V k-slots
+    // 2u, 2u + 1 of step kk'.
+    const unsigned a_dst = loop_invariant(unsigned(reinterpret_cast<unsigned char*>(&sm.alpha[sh]) - hipmla_sm90_smem));
+    const unsigned p_dst = [&] {
+        const int step = su >> 3, u = su & 7;
+        return loop_invariant(unsigned((reinterpret_cast<unsigned char*>(&sm.pfrag[step][4 * (sh & 7) + (u & 3)]
+                                                                        [(sh >> 3) + 2 * (u >> 2)]) - hipmla_sm90_smem)));
+    }();
     float o[KSTEPS][2][4];
 #pragma unroll
     for (int kk = 0; kk < KSTEPS; ++kk)
@@ -389,7 +402,7 @@ extern "C" __global__ void __launch_bounds__(hipmla::sm90k::THREADS, 2) HIPMLA_S
             }
         }
 #pragma unroll
-        for (int s = 0; s < STAGES - 1; ++s) issue_tile(s, pro_row[s]);
+        for (int s = 0; s < STAGES - 1; ++s) issue_tile(s, s, pro_row[s]);
     }
     // Q' as the A operand of the warp's 4 k16-steps (reg 2r + hh: heads g + 8hh, slots
     // 2t + 8r + e) and of its rope k8-step, once Q's group (older than the STAGES - 1
@@ -424,7 +437,7 @@ extern "C" __global__ void __launch_bounds__(hipmla::sm90k::THREADS, 2) HIPMLA_S
         for (int s = 0; s < STAGES - 1; ++s) {
 #pragma unroll
             for (int k = 0; k < SCALE_SLOTS; ++k) scale_bytes[k] = pro[s][k];
-            store_scales(s);
+            store_scales(s, s);
         }
     }
     // x is the partial-score exchange from here on: the sync before the first tile's Q.K
@@ -439,20 +452,28 @@ extern "C" __global__ void __launch_bounds__(hipmla::sm90k::THREADS, 2) HIPMLA_S
     {
         const long long r = tile_row(STAGES - 1);
         if (MXFP4) load_scales(STAGES - 1, r);
-        issue_tile(STAGES - 1, r);
+        issue_tile(STAGES - 1, STAGES - 1, r);
     }
 
+    int stage = 0, prev_stage = STAGES - 1;  // tile % STAGES, (tile - 1) % STAGES
 #pragma unroll 1
     for (int tile = 0; tile < n_tiles; ++tile) {
         if (!EARLY_WAIT) {
             cp_async_wait<STAGES - 1>();  // tile + 1 is in flight too
             block_sync();  // tile's copies visible; the previous tile's reads of red/pfrag and its stage are done
         }
-        const Stage& st = sm.ring.stage[tile % STAGES];
+        const Stage& st = sm.ring.stage[stage];
 
         // ---- Q.K over the warp's dims; K' fragments kept for P.V
         unsigned kf[NTILES][KSTEPS][2];
         unsigned kr[NTILES];
+        unsigned mvs[NTILES] = {}, mrs[NTILES] = {};  // mxfp4: the n-tiles' latent and rope multipliers
+        if (MXFP4) {
+            const u32x4 v = *reinterpret_cast<const u32x4*>(&st.mult[mult_index(g, 2 * warp + (t >> 1))]);
+            const u32x4 r = *reinterpret_cast<const u32x4*>(&st.mult[mult_index(g, D_V / MX_BLOCK + (warp >> 2))]);
+            mvs[0] = v.x; mvs[1] = v.y; mvs[2] = v.z; mvs[3] = v.w;
+            mrs[0] = r.x; mrs[1] = r.y; mrs[2] = r.z; mrs[3] = r.w;
+        }
 #pragma unroll
         for (int j = 0; j < NTILES; ++j) {
             const int srow = 8 * j + g;
@@ -484,8 +505,7 @@ extern "C" __global__ void __launch_bounds__(hipmla::sm90k::THREADS, 2) HIPMLA_S
                 krj = mul_bf16x2(w2[0], BF16X2_2P120);
             } else {
                 const u32x2 v = *reinterpret_cast<const u32x2*>(row + (V_DIMS * warp + 16 * t) / 2);
-                const unsigned mv = st.mult[srow * SCALES + 2 * warp + (t >> 1)];
-                const unsigned mr = st.mult[srow * SCALES + D_V / MX_BLOCK + (warp >> 2)];
+                const unsigned mv = mvs[j], mr = mrs[j];
                 const unsigned wv[2] = {v.x, v.y};
 #pragma unroll
                 for (int k = 0; k < 2; ++k) {
@@ -547,11 +567,8 @@ extern "C" __global__ void __launch_bounds__(hipmla::sm90k::THREADS, 2) HIPMLA_S
             l_run = l_run * alpha + (p0 + p1);
             m_run = m_new;
             // tokens 16 kk' + 2u, +1 (u = su % 8) are P.V k-slots 2u, 2u + 1 of step kk'.
-            const int step = su >> 3, u = su & 7;
-            const int dst_lane = 4 * (sh & 7) + (u & 3);
-            const int dst_reg = (sh >> 3) + 2 * (u >> 2);
-            sm.pfrag[step][dst_lane][dst_reg] = pp;
-            if (su == 0) sm.alpha[sh] = alpha;
+            *reinterpret_cast<unsigned*>(hipmla_sm90_smem + p_dst) = pp;
+            if (su == 0) *reinterpret_cast<float*>(hipmla_sm90_smem + a_dst) = alpha;
         }
         // EARLY_WAIT: tile + 1's copies are made visible by this barrier too, so a tile
         // costs 2 barriers.
@@ -575,11 +592,11 @@ extern "C" __global__ void __launch_bounds__(hipmla::sm90k::THREADS, 2) HIPMLA_S
 
         // The ring moves on: the E8M0 bytes loaded a tile ago go to their stage (last read by
         // Q.K of tile - 1), and tile + STAGES replaces tile.
-        if (MXFP4) store_scales(tile + STAGES - 1);
+        if (MXFP4) store_scales(tile + STAGES - 1, prev_stage);
         {
             const long long r = tile_row(tile + STAGES);
             if (MXFP4) load_scales(tile + STAGES, r);
-            issue_tile(tile + STAGES, r);
+            issue_tile(tile + STAGES, stage, r);
         }
 
         const float a_lo = sm.alpha[g], a_hi = sm.alpha[g + 8];
@@ -603,6 +620,8 @@ extern "C" __global__ void __launch_bounds__(hipmla::sm90k::THREADS, 2) HIPMLA_S
 #pragma unroll
                 for (int r = 0; r < 2; ++r) mma_bf16_16816(o[kk][r], a, vt[step][kk][r][0], vt[step][kk][r][1]);
         }
+        prev_stage = stage;
+        stage = stage + 1 == STAGES ? 0 : stage + 1;
     }
 
     // ---- the item's state: m, l of head sh; O of heads g, g + 8
