@@ -50,7 +50,9 @@
 // 458.8) to 125.5 / 440.3 us; bf16 and mxfp4 unchanged. MXFP4 E8M0 bytes are read
 // with plain loads one ring ahead, issued before the tile's copies, and stored as bf16x2
 // multipliers one tile later (a whole tile of math hides their latency; the prologue has
-// all its tiles' bytes in flight at once and stores them after Q's fragments). Issued
+// all its tiles' bytes in flight at once and stores them after Q's fragments), in the
+// order [row % 8][block][row / 8] (mult_index): a lane's 4 n-tiles of one block are 16
+// bytes, so it loads its latent and rope multipliers of a tile in 2 loads, not 8. Issued
 // after the copies they waited behind them: on the H200 (scripts/sm90_timeline.py,
 // scripts/results/h200-2026-12-02-sm90-timeline*.txt) the prologue took 4.5 / 5.5 us at
 // 32 x 1k / 64 x 1k against fp8's 1.5, and 2.8 / 3.3 us once they went first.
@@ -87,18 +89,22 @@
 // (256, 2) -- two blocks, 16 warps per SM.
 //
 // Budget (nvcc 13.0 / ptxas, sm_90): registers <= 128 in every format (the cap of 2 blocks
-// per SM), no stack, no spills; dynamic shared memory 96,768 / 96,000 / 90,880 B. Tile loop in
-// SASS, per warp per 32-token tile that keeps the running max (the 32-FMUL rescale, usually
-// skipped, included; a tile that raises it runs 19 more, the max chain): bf16 261, fp8 418,
-// mxfp4 469 instructions, i.e. x 8 warps / 32 tokens = 65 / 105 / 117 warp-instructions per
-// token, of which 9 HMMA + 8 MOVM; mxfp4's K dequantization (56 shifts and 48 lop3 for the
-// 32 latent words, 2 multiplies and 2 lop3 for each of the 4 rope words, 36 bf16x2
-// multiplies) is ~156 of the 469
-// (498 before the rope bytes were placed by two multiplies, the E8M0 loads moved ahead
-// of the copies and their multipliers made by a min and a multiply-add, 2026-12-02).
-// The path a warp runs on most tiles (no rescale, no max chain, a contiguous cache's rows:
-// scripts/sm90_counts.py, which counts it from the SASS) is bf16 214, fp8 371, mxfp4 422
-// instructions = 53.5 / 92.8 / 105.5 warp-instructions a token.
+// per SM), no stack, no spills; dynamic shared memory 96,768 / 96,000 / 90,880 B. The path
+// a warp runs on most tiles (no O rescale, no max chain, a contiguous cache's rows;
+// scripts/sm90_counts.py counts it from the SASS) is bf16 202, fp8 366, mxfp4 404
+// instructions, i.e. x 8 warps / 32 tokens = 50.5 / 91.5 / 101.0 warp-instructions a
+// token, of which 9 HMMA + 8 MOVM; the O rescale adds 32 (a tile that lowers alpha), the
+// max chain 19 (a tile that raises the running max), a paged cache's page-table read 15.
+// mxfp4's K dequantization (56 shifts and 48 lop3 for the 32 latent words, 2 multiplies and
+// 2 lop3 for each of the 4 rope words, 36 bf16x2 multiplies) is ~156 of the 404. Before
+// (2026-12-02, straight path 422 / 371 / 214): each n-tile loaded its own 2 multipliers
+// (8 loads a tile), the stage index was tile % 6 (a division), and_bits held its mask in a
+// register, and the P / alpha destinations were rebuilt from the thread index every tile
+// (loop_invariant keeps them); on the H200 (A/B in one process, L2 flushed,
+// scripts/results/h200-2026-12-02-sm90-ab-66090b1.txt) mxfp4 went 133.8 -> 130.9 us at
+// 64 x 8k and 480.9 -> 469.3 at 256 x 8k, fp8 and bf16 within 0.5%. (Earlier: 498 before
+// the rope bytes were placed by two multiplies, the E8M0 loads moved ahead of the copies
+// and their multipliers made by a min and a multiply-add.)
 // Measured on the H200 (2026-12-01, Nsight Compute at c5b50de, 64 x 8k): mxfp4 138.6 us, issue
 // slots 50.8% busy, IPC 2.19, 1.1 eligible of 3.7 active warps per scheduler, per issued
 // instruction 1.63 cycles on fixed-latency dependencies, 0.75 at barriers, 0.63 on shared
@@ -150,6 +156,12 @@
 // too: 437.0 -> 447.8); scripts/results/h200-2026-12-02-sm90-q-shared.txt. All three agree
 // with the kernel being issue-bound on its total instruction count: time follows
 // instructions, not how the phases overlap or how many registers are free.
+// Counted and dropped (scripts/sm90_counts.py, 2026-12-02, no GPU needed): the partial
+// scores stored as 16-byte runs (red in a permuted token order, 4 stores a tile instead of
+// 8) made every format's path longer (mxfp4 404 -> 408, fp8 366 -> 372, bf16 202 -> 210:
+// the wider red rows and the permuted token of each softmax lane cost more than the
+// stores); the copy destination and the softmax's token bound kept in registers like P's
+// destination: mxfp4 +3.
 #include "params.h"
 #include "common/config.h"
 #include "common/numerics.h"
