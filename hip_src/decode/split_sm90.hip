@@ -162,6 +162,13 @@
 // the wider red rows and the permuted token of each softmax lane cost more than the
 // stores); the copy destination and the softmax's token bound kept in registers like P's
 // destination: mxfp4 +3.
+// Tried and dropped (H200, 2026-12-02, A/B against 66090b1 in one process, L2 flushed,
+// scripts/results/h200-2026-12-02-sm90-ab-mult-banks-rotate.txt): MXFP4 producer warp w
+// taking rows w, w + 8, w + 16, w + 24, so its multiplier stores fall on 32 banks rather
+// than 8 (Nsight Compute's MIO throttle had gone 0.37 -> 0.47 with mult_index): 2 more
+// instructions, 256 x 8k 466.3 -> 469.1 us; MXFP4's copies rotated onto whole lines as
+// fp8's are: 12 more instructions, 466.3 -> 471.8. Issue slots again outweigh the
+// shared-memory wavefronts.
 #include "params.h"
 #include "common/config.h"
 #include "common/numerics.h"
