@@ -102,7 +102,7 @@
 // register, and the P / alpha destinations were rebuilt from the thread index every tile
 // (loop_invariant keeps them); on the H200 (A/B in one process, L2 flushed,
 // scripts/results/h200-2026-12-02-sm90-ab-66090b1.txt) mxfp4 went 133.8 -> 130.9 us at
-// 64 x 8k and 480.9 -> 469.3 at 256 x 8k, fp8 and bf16 within 0.5%. (Earlier: 498 before
+// 64 x 8k and 480.9 -> 469.3 at 256 x 8k, fp8 and bf16 within 0.8%. (Earlier: 498 before
 // the rope bytes were placed by two multiplies, the E8M0 loads moved ahead of the copies
 // and their multipliers made by a min and a multiply-add.)
 // Measured on the H200 (2026-12-01, Nsight Compute at c5b50de, 64 x 8k): mxfp4 138.6 us, issue
@@ -289,6 +289,7 @@ HIPMLA_DEVICE unsigned q_scaled(const unsigned short* q, int h, int d) {
 // Stage.mult's order: the multipliers of rows g, g + 8, g + 16, g + 24 and one block are
 // 16 consecutive bytes, so a lane loads its 4 n-tiles' multipliers of a block at once.
 HIPMLA_DEVICE constexpr int mult_index(int row, int block) { return ((row & 7) * SCALES + block) * 4 + (row >> 3); }
+static_assert(NTILES == 4 && (TILE * ROW_STRIDE) % 16 == 0, "a lane's 4 multipliers of a block: one 16-byte load");
 
 HIPMLA_DEVICE unsigned e8m0_multiplier(unsigned s) {
     const unsigned e = (s < 193u ? s : 193u) + 62u;
@@ -386,9 +387,9 @@ extern "C" __global__ void __launch_bounds__(hipmla::sm90k::THREADS, 2) HIPMLA_S
     const int sh = 2 * warp + (lane >> 4), su = lane & 15;
     const float qk_scale = p.sm_scale_log2 * (FP8 ? p.kv_fp8_scale : 1.0f);
     float m_run = neg_inf, l_run = 0.0f;
-    // Where the thread's P goes in pfrag, formed once (inside the loop ptxas rebuilt it from
-    // the thread index every tile): tokens 16 kk' + 2u, +1 (u = su % 8) are P.V k-slots
-    // 2u, 2u + 1 of step kk'.
+    // Where the thread's alpha and P go (byte offsets in shared memory), formed once: inside
+    // the loop ptxas rebuilt them from the thread index every tile. Tokens 16 kk' + 2u, +1
+    // (u = su % 8) are P.V k-slots 2u, 2u + 1 of step kk'.
     const unsigned a_dst = loop_invariant(unsigned(reinterpret_cast<unsigned char*>(&sm.alpha[sh]) - hipmla_sm90_smem));
     const unsigned p_dst = [&] {
         const int step = su >> 3, u = su & 7;
@@ -585,7 +586,6 @@ extern "C" __global__ void __launch_bounds__(hipmla::sm90k::THREADS, 2) HIPMLA_S
             const float p0 = f32_from_bits(pp << 16), p1 = f32_from_bits(pp & 0xffff0000u);
             l_run = l_run * alpha + (p0 + p1);
             m_run = m_new;
-            // tokens 16 kk' + 2u, +1 (u = su % 8) are P.V k-slots 2u, 2u + 1 of step kk'.
             *reinterpret_cast<unsigned*>(hipmla_sm90_smem + p_dst) = pp;
             if (su == 0) *reinterpret_cast<float*>(hipmla_sm90_smem + a_dst) = alpha;
         }
