@@ -29,7 +29,7 @@ struct MlaDecodeParams {
     const int32_t* kv_last_page_len; // paged: [b] rows used in each sequence's last page (1 .. page_size)
     const int32_t* qo_indptr;        // [b + 1]: sequence i's query tokens are qo_indptr[i] .. qo_indptr[i+1]-1,
                                      //          causal (token j of n sees kv tokens 0 .. len - n + j); null: 1 each
-    int32_t* counters;               // [t_q x head_groups] items of a row done; 0 between launches (the merger resets it)
+    int32_t* counters;               // [t_q x head_groups][2] the merge's counters (core/merge.h); 0 between launches
     int32_t* errors;                 // one word: ERR_* bits of invalid device-side input (core/paged.h), or null
     float* part_acc;                 // [n_slots, 16, d_v] f32 unnormalised P.V (one slot per item of a row)
     float* part_ml;                  // [n_slots, 16, 2] f32 (running max m in log2 units, sum l)

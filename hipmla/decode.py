@@ -500,7 +500,7 @@ class Decoder:
         slots = self.policy.max_items(rows)
         acc_bytes = slots * kernels.HEADS * kernels.D_V * 4
         ml_bytes = slots * kernels.HEADS * 2 * 4
-        words = rows + 2  # the counters (one per row), the error word, padding
+        words = 2 * rows + 2  # the merge counters (two per row, core/merge.h), the error word, padding
         grown = runtime.alloc(acc_bytes + ml_bytes + words * 4)
         try:
             # The merger resets each counter it finishes; they start at zero once, and so
@@ -517,7 +517,7 @@ class Decoder:
         p.part_acc = grown.ptr
         p.part_ml = grown.ptr + acc_bytes
         p.counters = grown.ptr + acc_bytes + ml_bytes
-        p.errors = p.counters + rows * 4
+        p.errors = p.counters + 2 * rows * 4
         self._last_key = None
 
     # -- launching ----------------------------------------------------------------

@@ -71,7 +71,7 @@ class DecodeParams(ctypes.Structure):
         ("kv_indices", ctypes.c_void_p),  # paged: int32 page ids; null: contiguous
         ("kv_last_page_len", ctypes.c_void_p),  # paged: [b] int32
         ("qo_indptr", ctypes.c_void_p),  # [b + 1] int32 query tokens per sequence, or null (1 each)
-        ("counters", ctypes.c_void_p),  # [t_q x head_groups] int32, zero between launches
+        ("counters", ctypes.c_void_p),  # [t_q x head_groups][2] int32, zero between launches
         ("errors", ctypes.c_void_p),  # one int32 of ERR_* bits, or null
         ("part_acc", ctypes.c_void_p),  # [n_slots, 16, d_v] f32
         ("part_ml", ctypes.c_void_p),  # [n_slots, 16, 2] f32

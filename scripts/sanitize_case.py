@@ -2,8 +2,8 @@
 (memcheck, racecheck).
 
 Covers the irregular paths: an empty sequence, a 1-token sequence, tails that are not
-multiples of the 64-token tile, a sequence long enough to be split (so the last block
-of it merges the partials in the kernel), and page tables of page size 1 and 16 with
+multiples of the 64-token tile, a sequence long enough to be split (so its items merge
+the partials in the kernel, core/merge.h), and page tables of page size 1 and 16 with
 pages in random order. Exits non-zero if any output is non-finite or far from the
 emulator.
 """

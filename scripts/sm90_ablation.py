@@ -62,14 +62,11 @@ PARTS: dict[str, list[tuple[str, str]]] = {
         }"""), ("""        if (EARLY_WAIT) cp_async_wait<STAGES - 2>();
         block_sync();""", "        if (EARLY_WAIT) cp_async_wait<STAGES - 2>();")],
     "tiles": [("const int n_tiles = (n + TILE - 1) / TILE;", "const int n_tiles = 0;")],
-    "merge": [("if (slot >= 0 && arrive_last(p, done, &sm.last))", "if (false && slot >= 0 && arrive_last(p, done, &sm.last))")],
+    "merge": [("if (slot >= 0) merge_split_row<THREADS>", "if (false && slot >= 0) merge_split_row<THREADS>")],
     # What a launch costs before any work: the kernel returns at once, or after its schedule,
     "empty": [("    const WorkItem it = schedule_item<THREADS>(p, int(block_index()), sm.x.sched);",
                "    if (p.batch >= 0) return;\n    const WorkItem it = schedule_item<THREADS>(p, int(block_index()), sm.x.sched);")],
     "schedule": [("    if (it.seq < 0) return;", "    if (it.seq < 0 || p.batch >= 0) return;")],
-    # the merge's work out, its arrival (fence, atomic, counter reset) kept,
-    "merge_work": [("if (slot >= 0 && arrive_last(p, done, &sm.last)) merge_partials<THREADS>(p, done);",
-                    "if (slot >= 0 && arrive_last(p, done, &sm.last)) return;")],
     # Not removals: the copies as before they were rotated onto whole shared-memory lines,
     "unrotated": [("constexpr bool ROTATE = !MXFP4;", "constexpr bool ROTATE = false;")],
     # the schedule's scan adding its group's values in a loop to tid (a chain of loads),
@@ -78,39 +75,15 @@ PARTS: dict[str, list[tuple[str, str]]] = {
             const int j = SCAN_GROUP * group + i;
             before += j < tid ? sm.scan[j] : 0;
         }""", """        for (int i = SCAN_GROUP * group; i < tid; ++i) before += sm.scan[i];""")],
-    # the release / acquire fences by thread 0 alone, around the block barrier
-    # (its outputs stay right; the question is whether 255 fewer fences shorten the merge).
-    "fence0": [("core/merge.h", """    fence_release_device();
-    block_sync();
-    if (thread_index() == 0) {
-        const bool last = atomic_add_device(p.counters + it.row, 1) == it.n_items - 1;
-        if (last) atomic_store_device(p.counters + it.row, 0);
-        *flag = last ? 1 : 0;
-    }
-    block_sync();
-    const bool last = *flag != 0;
-    if (last) fence_acquire_device();
-    return last;""", """    block_sync();
-    if (thread_index() == 0) {
-        fence_release_device();
-        const bool last = atomic_add_device(p.counters + it.row, 1) == it.n_items - 1;
-        if (last) atomic_store_device(p.counters + it.row, 0);
-        if (last) fence_acquire_device();
-        *flag = last ? 1 : 0;
-    }
-    block_sync();
-    return *flag != 0;""")],
 }
 VARIANTS: dict[str, tuple[str, ...]] = {
     "full": (),
     **{f"-{name}": (name,) for name in PARTS},
     "-loop work": ("copies", "convert", "movmatrix", "partials", "pv", "qk_mma"),
     "-tiles -merge": ("tiles", "merge"),
-    "fence0": ("fence0",),
     "unrotated": ("unrotated",),
     "empty": ("empty",),
     "schedule only": ("schedule",),
-    "-merge work": ("merge_work",),
     "scan_chain": ("scan_chain",),
 }
 SHAPES = {"4x1k": (4, 1024), "4x8k": (4, 8192), "32x1k": (32, 1024), "32x8k": (32, 8192), "64x8k": (64, 8192),

@@ -33,6 +33,7 @@ from hipmla import kernels, runtime  # noqa: E402
 from hipmla.bench import Timer, lens_step  # noqa: E402
 from hipmla.decode import Decoder  # noqa: E402
 from hipmla.inputs import BENCH_SM_SCALE, random_cache  # noqa: E402
+from hipmla.schedule import SplitPolicy  # noqa: E402
 
 KERNEL = "decode/split_sm90.hip"
 PHASES = ("start", "schedule", "prologue", "tiles", "stored", "arrived", "end")
@@ -98,18 +99,36 @@ EDITS = [
      "    HIPMLA_STAMP(2);\n    // x is the partial-score exchange from here on"),
     ("    // ---- the item's state: m, l of head sh; O of heads g, g + 8\n",
      "    HIPMLA_STAMP(3);\n    // ---- the item's state: m, l of head sh; O of heads g, g + 8\n"),
-    ("    if (slot >= 0 && arrive_last(p, done, &sm.last)) merge_partials<THREADS>(p, done);\n",
-     "    HIPMLA_STAMP(4);\n"
-     "    const bool hipmla_last = slot >= 0 && arrive_last(p, done, &sm.last);\n    HIPMLA_STAMP(5);\n"
-     "    if (hipmla_last) merge_partials<THREADS>(p, done);\n    HIPMLA_STAMP(6);\n    block_sync();\n"
-     + RECORD % dict(seq="done.seq", tokens="done.end - done.begin", items="done.n_items", last="hipmla_last ? 1ull : 0ull")),
+    ("    if (slot >= 0) merge_split_row<THREADS>(p, done, &sm.last);\n",
+     "    HIPMLA_STAMP(4);\n    unsigned long long hipmla_last = 0;\n"
+     "    if (slot >= 0) merge_split_row<THREADS>(p, done, &sm.last, hipmla_stamp, hipmla_last);\n"
+     "    else { HIPMLA_STAMP(5); HIPMLA_STAMP(6); }\n    block_sync();\n"
+     + RECORD % dict(seq="done.seq", tokens="done.end - done.begin", items="done.n_items", last="hipmla_last")),
+]
+# The merge's own stamps (core/merge.h is parsed before the kernel's helpers exist): the
+# block's share known ("arrived"), its merge done ("end"); the record's "merged" word: 0 none,
+# 1 a share of the row's columns, 2 the whole row.
+MERGE_FILE = "core/merge.h"
+MERGE_EDITS = [
+    ("constexpr int MERGE_GROUPS = D_V / 4;",
+     "#define HIPMLA_MERGE_STAMP(k) do { if (thread_index() == 0) { unsigned long long t; \\\n"
+     "    asm volatile(\"mov.u64 %0, %%globaltimer;\" : \"=l\"(t)); hipmla_stamp[k] = t; } } while (0)\n"
+     "constexpr int MERGE_GROUPS = D_V / 4;"),
+    ("HIPMLA_DEVICE void merge_split_row(const MlaDecodeParams& p, const WorkItem& it, int* flag) {",
+     "HIPMLA_DEVICE void merge_split_row(const MlaDecodeParams& p, const WorkItem& it, int* flag,\n"
+     "                                   unsigned long long* hipmla_stamp, unsigned long long& hipmla_merged) {"),
+    ("    const int share = *flag;\n",
+     "    const int share = *flag;\n    HIPMLA_MERGE_STAMP(5);\n"
+     "    hipmla_merged = share == MERGE_NONE ? 0ull : share == MERGE_ALL ? 2ull : 1ull;\n"),
+    ("    if (t0) reset_counters(p, it, done);\n}",
+     "    HIPMLA_MERGE_STAMP(6);\n    if (t0) reset_counters(p, it, done);\n}"),
 ]
 SHAPES = {"4x1k": (4, 1024), "4x8k": (4, 8192), "32x1k": (32, 1024), "64x1k": (64, 1024), "64x8k": (64, 8192)}
 
 
 def edited_tree(original: Path, root: Path) -> None:
     shutil.copytree(original, root)
-    for file, edits in ((KERNEL, EDITS), (SCHEDULE_FILE, SCHEDULE_EDITS)):
+    for file, edits in ((KERNEL, EDITS), (SCHEDULE_FILE, SCHEDULE_EDITS), (MERGE_FILE, MERGE_EDITS)):
         path = root / file
         text = path.read_text()
         for old, new in edits:
@@ -127,7 +146,8 @@ def summarize(rec: np.ndarray, event_us: float) -> str:
     t0 = rec[:, 0].min()
     rel = (rec[:, :7].astype(np.int64) - np.int64(t0)) / 1e3  # us since the first block started
     work = seq >= 0
-    last = work & (rec[:, 10] == 1)
+    last = work & (rec[:, 10] >= 1)
+    split = work & (rec[:, 9] > 1)
     lines = [f"  event {event_us:.1f} us; blocks {len(rec)} ({work.sum()} with an item, {last.sum()} merged); "
              f"span first start .. last end {rel[:, 6][work].max() if work.any() else 0:.1f} us; "
              f"block starts {rel[:, 0].min():.1f} .. {rel[:, 0].max():.1f} us (median {np.median(rel[:, 0]):.1f})"]
@@ -144,6 +164,15 @@ def summarize(rec: np.ndarray, event_us: float) -> str:
         lines.append(f"  inside the schedule, us after the block's start (medians): {marks}")
         lines.append(f"  tokens per item: median {int(np.median(rec[work, 8]))}, items per row {int(np.median(rec[work, 9]))}; "
                      f"latest 'stored' {w[:, 4].max():.1f} us, latest 'arrived' {w[:, 5].max():.1f} us")
+    if split.any():
+        # Per sequence (its items share a kv range order): how far apart its items finished.
+        done = {}
+        for sq, t in zip(seq[split], rel[split, 4]):
+            done.setdefault(int(sq), []).append(t)
+        spread = [max(v) - min(v) for v in done.values()]
+        lines.append(f"  split rows: {int((rec[split, 10] == 1).sum())} blocks merged a share, "
+                     f"{int((rec[split, 10] == 2).sum())} a whole row, {int((rec[split, 10] == 0).sum())} none; "
+                     f"'stored' spread within a sequence: median {np.median(spread):.2f} us, max {max(spread):.2f}")
     if last.any():
         m = rel[last]
         lines.append(f"  merging blocks: arrived at {np.median(m[:, 5]):.1f} us, merge +{np.median(m[:, 6] - m[:, 5]):.2f} us "
@@ -157,6 +186,7 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--shapes", default="4x1k,4x8k,32x1k")
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--page-size", type=int, default=0, help="a paged cache, pages in random order (0: contiguous)")
+    ap.add_argument("--policy", default="", help="items_per_cu:min_split_tokens:max_ranges (default: the decoder's)")
     args = ap.parse_args(argv)
     info = runtime.device_info(0)
     timer = Timer(info.l2_bytes)
@@ -175,7 +205,13 @@ def main(argv: list[str]) -> int:
             kernels.hip_src_dir = lambda: root
             spec = kernels.sm90_split_kernel(fmt)
             spec = dataclasses.replace(spec, defines=spec.defines + (("HIPMLA_TIMELINE", "1"),))
-            dec = Decoder(fmt, BENCH_SM_SCALE, selftest=False, max_batch=max_b, kernel=spec)
+            dec = Decoder(fmt, BENCH_SM_SCALE, selftest=False, max_batch=1, kernel=spec)
+            if args.policy:
+                per_cu, min_tokens, max_ranges = (int(x) for x in args.policy.split(":"))
+                dec.policy = dataclasses.replace(SplitPolicy.for_device(info.num_cus, items_per_cu=per_cu),
+                                                 min_split_tokens=min_tokens, max_ranges=max_ranges)
+                dec._params.set_split(dec.policy)
+            dec.reserve(max_b)  # the scratch follows dec.policy
             kernels.hip_src_dir = lambda: original
             for name, (b, n) in shapes.items():
                 _, bufs, extra = lens_step(kv, np.full(b, n), args.page_size, rng)

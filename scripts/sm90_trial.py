@@ -56,8 +56,8 @@ class Sm90Kernel:
         slots = self.policy.max_items(max_batch)
         acc = slots * kernels.HEADS * kernels.D_V * 4
         ml = slots * kernels.HEADS * 2 * 4
-        self.scratch = runtime.alloc(acc + ml + max_batch * 4)
-        runtime.memset(self.scratch.ptr + acc + ml, 0, max_batch * 4)
+        self.scratch = runtime.alloc(acc + ml + 2 * max_batch * 4)  # two merge counters a row
+        runtime.memset(self.scratch.ptr + acc + ml, 0, 2 * max_batch * 4)
         runtime.synchronize()
         p = self.params = kernels.DecodeParams()
         p.part_acc, p.part_ml, p.counters = self.scratch.ptr, self.scratch.ptr + acc, self.scratch.ptr + acc + ml

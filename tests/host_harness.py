@@ -7,6 +7,7 @@ tests/test_schedule.py)."""
 HOST_PRELUDE = r"""
 #include <atomic>
 #include <barrier>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <deque>
@@ -40,6 +41,12 @@ inline void atomic_or_device(int* p, int v) { std::atomic_ref<int>(*p).fetch_or(
 inline void atomic_or_block(int* p, int v) { std::atomic_ref<int>(*p).fetch_or(v); }
 inline f32x4 load_coherent(const f32x4* p) { return *p; }
 inline float load_coherent(const float* p) { return *p; }
+inline int load_relaxed_device(const int* p) { return std::atomic_ref<int>(*const_cast<int*>(p)).load(); }
+inline unsigned long long timer_ns() {
+    return (unsigned long long)std::chrono::duration_cast<std::chrono::nanoseconds>(
+        std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+inline void wait_briefly() { std::this_thread::yield(); }
 // Asynchronous copies (the CDNA global -> LDS copies, tests/host_cdna.h). They land when
 // issued, unless host_late_copies is set: then a copy lands only when its lane's
 // s_waitcnt vmcnt covers it (host_wait_vm(n): all but the lane's n newest copies -- fewer

@@ -584,11 +584,11 @@ def test_bad_page_tables_raise_before_any_launch(monkeypatch, call, exc, words):
 
 def scratch_layout(dec: decode.Decoder, max_batch: int) -> tuple[int, int, int]:
     """(part_ml - part_acc, counters - part_acc, bytes) the kernels' params.h layout
-    needs: an f32 accumulator and (m, l) pair per head per slot, an int32 per sequence,
-    the error word (and a word of padding)."""
+    needs: an f32 accumulator and (m, l) pair per head per slot, two int32 merge counters
+    per sequence (core/merge.h), the error word (and a word of padding)."""
     slots = dec.policy.max_items(max_batch)
     acc, ml = slots * H * D_V * 4, slots * H * 2 * 4
-    return acc, acc + ml, acc + ml + (max_batch + 2) * 4
+    return acc, acc + ml, acc + ml + (2 * max_batch + 2) * 4
 
 
 def test_reserve_sizes_the_scratch_once_and_grows_only(monkeypatch):
@@ -597,7 +597,7 @@ def test_reserve_sizes_the_scratch_once_and_grows_only(monkeypatch):
     (scratch,) = gpu.buffers
     ml_off, counters_off, nbytes = scratch_layout(dec, 4)
     assert scratch.nbytes == dec.scratch_bytes >= nbytes
-    assert gpu.memsets == [(scratch.ptr + counters_off, 0, (4 + 2) * 4)]  # counters and error word start at 0
+    assert gpu.memsets == [(scratch.ptr + counters_off, 0, (2 * 4 + 2) * 4)]  # counters and error word start at 0
     dec.run(**args(4))
     launch = gpu.launches[-1]
     assert (launch.part_acc, launch.part_ml, launch.counters) == \
@@ -615,7 +615,7 @@ def test_reserve_sizes_the_scratch_once_and_grows_only(monkeypatch):
     grown = gpu.buffers[-1]
     ml_off, counters_off, nbytes = scratch_layout(dec, 16)
     assert dec.max_batch == 16 and grown.nbytes == dec.scratch_bytes >= nbytes
-    assert gpu.memsets == [(grown.ptr + counters_off, 0, (16 + 2) * 4)]
+    assert gpu.memsets == [(grown.ptr + counters_off, 0, (2 * 16 + 2) * 4)]
     # the very step that was cached before must now use the new scratch
     dec.run(**args(4))
     dec.run(**args(5))
@@ -907,7 +907,7 @@ def test_the_kernels_get_the_extent_of_every_array_they_index(monkeypatch):
     dec.run(**raw, batch=2, kv_scale_stride=24)
     assert (dec._params.kv_rows, dec._params.n_indices) == (0, 0)
     # the error word sits after the counters, inside the scratch
-    assert dec._params.errors == dec._params.counters + dec.max_batch * 4
+    assert dec._params.errors == dec._params.counters + 2 * dec.max_batch * 4
     assert dec._params.errors + 4 <= gpu.buffers[0].ptr + gpu.buffers[0].nbytes
 
 
@@ -982,7 +982,7 @@ def mtp_args(b: int, t_q: int, heads: int, **over) -> dict:
 @pytest.mark.parametrize("heads", [16, 32, 128])
 def test_several_query_tokens_and_heads_reach_the_kernel(monkeypatch, heads):
     """A step of 3 sequences with 7 query tokens: the grid covers every row (16 heads of
-    a query token), the counters one per row, the struct carries qo_indptr and the rows."""
+    a query token), two merge counters per row, the struct carries qo_indptr and the rows."""
     gpu, dec = make(monkeypatch, heads=heads, max_batch=4, max_q_tokens=8)
     groups = heads // 16
     dec.run(**mtp_args(3, 7, heads), lse=FakeCAI((7, heads), "<f4", ADDR["lse"]))
@@ -991,8 +991,8 @@ def test_several_query_tokens_and_heads_reach_the_kernel(monkeypatch, heads):
     assert launch.batch == 3
     assert launch.grid[0] == dec.policy.max_items(7 * groups)
     scratch = gpu.buffers[-1]
-    assert launch.errors - launch.counters == 4 * 8 * groups  # one counter per reserved row
-    assert launch.counters + 4 * 8 * groups + 8 <= scratch.ptr + scratch.nbytes
+    assert launch.errors - launch.counters == 2 * 4 * 8 * groups  # two counters per reserved row
+    assert launch.errors + 8 <= scratch.ptr + scratch.nbytes
     # One query token per sequence and 16 heads: exactly today's step.
     gpu2, dec2 = make(monkeypatch, max_batch=4)
     dec2.run(**args(3))

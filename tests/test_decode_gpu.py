@@ -407,6 +407,44 @@ def test_several_query_tokens_and_heads(kv_format, heads):
         dec.check_errors()
 
 
+@pytest.mark.parametrize("kv_format", KV_FORMATS)
+def test_split_merge_bytes_do_not_depend_on_who_merges(kv_format):
+    """core/merge.h: the items of a split row merge a share of its columns each, or, when
+    one stops waiting for its siblings, the last item merges the whole row. A build that
+    never waits (HIPMLA_MERGE_WAIT_NS=0: nearly every row merged by its last item) gives
+    the same bytes as the one that shares: rows of 2 to 16 items, several query tokens and
+    head groups (slots strided by the rows of a sequence), empty and one-token sequences."""
+    import dataclasses
+
+    from hipmla.schedule import schedule
+
+    rng = np.random.default_rng(7)
+    q_lens = np.array([1, 3, 0, 2, 1, 1])
+    lens = q_lens + np.array([20000, 5000, 0, 900, 1, 12000])
+    qo = np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int32)
+    t_q, heads = int(qo[-1]), 32
+    layout = random_page_table(lens, 16, rng, spare_pages=5, shared=1)
+    pool = random_cache((int(layout.kv_indices.max()) + 1) * 16, kv_format, rng, scale_stride=24)
+    q = rng.standard_normal((t_q, heads, 576), dtype=np.float32).astype(ml_dtypes.bfloat16)
+    results = []
+    with decode.Decoder(kv_format, SM_SCALE, heads=heads, max_batch=lens.size, max_q_tokens=t_q) as dec:
+        spec = dataclasses.replace(dec._split, defines=dec._split.defines + (("HIPMLA_MERGE_WAIT_NS", "0"),))
+        split = schedule(lens, dec.policy, q_lens, head_groups=heads // 16)
+        assert split.n_items.max() >= 8 and (split.slot_stride[split.n_items > 1] > 1).any()
+        results.append(dec.decode(q, pool, layout, qo_indptr=qo))
+        emu_out, emu_lse = dec.emulate(q, pool, layout, qo_indptr=qo)
+        assert_close_to_emulator(*results[0], emu_out, emu_lse, f"{kv_format} shared merge")
+        dec.check_errors()
+    with decode.Decoder(kv_format, SM_SCALE, heads=heads, max_batch=lens.size, max_q_tokens=t_q,
+                        kernel=spec, selftest=False) as dec:
+        for _ in range(3):  # and again on the counters the first step left
+            results.append(dec.decode(q, pool, layout, qo_indptr=qo))
+        dec.check_errors()
+    for out, lse in results[1:]:
+        assert np.array_equal(out.view(np.uint16), results[0][0].view(np.uint16))
+        assert np.array_equal(lse.view(np.uint32), results[0][1].view(np.uint32))
+
+
 def test_fewer_kv_than_query_tokens_on_the_device_gives_nan_and_an_error():
     """L < n where only the device knows the lengths: those rows NaN, ERR_Q_LEN, others right."""
     from hipmla import runtime

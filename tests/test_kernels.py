@@ -448,7 +448,7 @@ def run_on_host(host_kernels, q, kv: KVCache, layout: KvLayout, policy: SplitPol
     grid = policy.max_items(rows)
     part_acc = np.full((grid, 16, 512), np.nan, dtype=np.float32)
     part_ml = np.full((grid, 16, 2), np.nan, dtype=np.float32)
-    counters = np.zeros(rows, dtype=np.int32)
+    counters = np.zeros(2 * rows, dtype=np.int32)  # two merge counters a row (core/merge.h)
     qo32 = None if qo is None else np.ascontiguousarray(qo, dtype=np.int32)
     indptr = np.ascontiguousarray(layout.kv_indptr, dtype=np.int32)
     indices = None if not layout.paged else np.ascontiguousarray(layout.kv_indices, dtype=np.int32)

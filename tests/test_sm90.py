@@ -301,6 +301,7 @@ def test_timeline_edits_apply_and_its_summary_reads_the_stamps(tmp_path):
     kernel = (root / timeline.KERNEL).read_text()
     assert kernel.count("HIPMLA_STAMP(") == 1 + 7  # the macro, then stamps 0..6
     assert (root / timeline.SCHEDULE_FILE).read_text().count("HIPMLA_SCHED_STAMP(") == 1 + 4
+    assert (root / timeline.MERGE_FILE).read_text().count("HIPMLA_MERGE_STAMP(") == 1 + 2
     # Two blocks with an item (the second merges), one empty block; ns since some epoch.
     rec = np.zeros((3, timeline.WORDS), np.uint64)
     t0 = 10_000
@@ -317,6 +318,8 @@ def test_timeline_edits_apply_and_its_summary_reads_the_stamps(tmp_path):
     assert "merge +4.00" in text and "end 15.1 us" in text
     assert "empty blocks: schedule done at median 2.5 us" in text
     assert "scan 1 1.00" in text and "pages 3.00" in text
+    # a split row of 2: one block merged a share of it, the other nothing; 0.1 us apart
+    assert "split rows: 1 blocks merged a share, 0 a whole row, 1 none" in text and "median 0.10 us" in text
 
 
 # ----------------------------------------------------------------------------- on the GPU

@@ -77,6 +77,15 @@ HIPMLA_DEVICE void atomic_or_block(int* p, int v) {
 // After fence_acquire_device the vector caches are invalidated: a plain load is coherent.
 HIPMLA_DEVICE f32x4 load_coherent(const f32x4* p) { return *p; }
 HIPMLA_DEVICE float load_coherent(const float* p) { return *p; }
+// A counter another block moves, read where it is kept (the merge's wait for its row).
+HIPMLA_DEVICE int load_relaxed_device(const int* p) {
+    return __hip_atomic_load(p, __ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_AGENT);
+}
+// Nanoseconds of a clock every block of the device shares: s_memrealtime, a constant
+// 100 MHz on gfx9 (CDNA3 ISA, "S_MEMREALTIME").
+HIPMLA_DEVICE unsigned long long timer_ns() { return __builtin_amdgcn_s_memrealtime() * 10ull; }
+// A pause between polls that leaves the issue slots to the other waves (s_sleep 1: 64 clocks).
+HIPMLA_DEVICE void wait_briefly() { __builtin_amdgcn_s_sleep(1); }
 
 }  // namespace hipmla
 
@@ -120,6 +129,18 @@ HIPMLA_DEVICE void atomic_or_device(int* p, int v) { atomicOr(p, v); }
 HIPMLA_DEVICE void atomic_or_block(int* p, int v) { atomicOr_block(p, v); }
 HIPMLA_DEVICE f32x4 load_coherent(const f32x4* p) { return __ldcg(p); }
 HIPMLA_DEVICE float load_coherent(const float* p) { return __ldcg(p); }
+HIPMLA_DEVICE int load_relaxed_device(const int* p) {
+    int v;
+    asm volatile("ld.relaxed.gpu.b32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+// %globaltimer: nanoseconds, one clock for the whole GPU (PTX ISA 10.x, "%globaltimer").
+HIPMLA_DEVICE unsigned long long timer_ns() {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+HIPMLA_DEVICE void wait_briefly() { __nanosleep(32); }
 
 }  // namespace hipmla
 

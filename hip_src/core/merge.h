@@ -1,13 +1,31 @@
 // The split merge, inside the decode kernel: every item of a split row (16 heads of one
 // query token) writes its partial (acc, m, l) to its slot, then arrives at the row's
-// counter; the block that arrives last merges all the row's slots into the bf16 output
-// and LSE and resets the counter for the next launch. No combine kernel, no second launch.
+// counter, and the row's slots are merged into the bf16 output and LSE. No combine
+// kernel, no second launch.
 //
+// Who merges. One block reading every slot of a row is bound by what one SM pulls from
+// L2 (on the H200, 8 slots of 32 KiB took ~4 us, 16 took ~6), so when one kernel runs
+// every item of the step (fast_tile = 0) the row's items share the merge: the item that
+// arrived k-th of n merges column groups [k G / n, (k + 1) G / n) (G = D_V / 4 groups of
+// 4 columns) of all the row's slots, once it has seen all n arrive. A block waits for its
+// siblings at most MERGE_WAIT_NS: they may not be resident (a later wave of blocks, or
+// SMs held by other work), and a slot held that long costs more than one block merging
+// the row. A block that stops waiting says so in the same counter (MERGE_QUIT), so the
+// one atomic order decides: a quit before the last arrival makes the last item merge
+// the whole row; after it, the quitter saw everyone arrive and merges its share. Shares
+// merged twice (a quitter's, by the last item, and a sibling's own) get the same bytes.
+// With fast_tile > 0 (two kernels, one after the other), or more than G items, the last
+// item to arrive merges everything, as before.
+//
+// Counters: two words per row, zero between launches. word 0: arrivals + MERGE_QUIT x
+// quits; word 1 (shared merges only): blocks done with word 0, the n-th of which resets
+// both. The last arriver of an unshared merge resets word 0.
 // Ordering: each thread's partial stores are released at device scope (agent scope on
-// AMD) before the block's one atomic increment; the last block acquires at the same
-// scope before it reads the partials (with loads that skip non-coherent caches).
+// AMD) before the block's arrival; a merging block acquires at the same scope before it
+// reads the partials (with loads that skip non-coherent caches).
 // Numerics (hip_src/KERNELS.md, step 5): M = max_i m_i, w_i = exp2(m_i - M),
-// L = sum_i w_i l_i and acc = sum_i w_i acc_i in slot order, out = bf16_rne(acc / L).
+// L = sum_i w_i l_i and acc = sum_i w_i acc_i in slot order, out = bf16_rne(acc / L):
+// per column, whoever merges it, the same sums in the same order.
 #pragma once
 
 #include "params.h"
@@ -16,33 +34,32 @@
 #include "common/platform.h"
 #include "core/schedule.h"
 
+#if !defined(HIPMLA_MERGE_WAIT_NS)
+// How long an item waits for the rest of its row (ns); tests build with 0 too.
+#define HIPMLA_MERGE_WAIT_NS 4000
+#endif
+
 namespace hipmla {
 
-// Called by every thread of the block after its partial stores; true in every thread
-// of the block that completed the sequence. `flag` is one int of shared memory.
-HIPMLA_DEVICE bool arrive_last(const MlaDecodeParams& p, const WorkItem& it, int* flag) {
-    fence_release_device();
-    block_sync();
-    if (thread_index() == 0) {
-        const bool last = atomic_add_device(p.counters + it.row, 1) == it.n_items - 1;
-        if (last) atomic_store_device(p.counters + it.row, 0);
-        *flag = last ? 1 : 0;
-    }
-    block_sync();
-    const bool last = *flag != 0;
-    if (last) fence_acquire_device();
-    return last;
-}
+constexpr int MERGE_GROUPS = D_V / 4;        // column groups of 4 (one f32x4 of a head's row)
+constexpr int MERGE_QUIT = 1 << 16;          // word 0: arrivals below, quits above
+constexpr int MERGE_ARRIVED = MERGE_QUIT - 1;
+constexpr int MERGE_NONE = -1;               // this block merges nothing
+constexpr int MERGE_ALL = -2;                // this block merges every column of the row
+static_assert(MERGE_GROUPS < MERGE_QUIT && MERGE_GROUPS * MERGE_QUIT < 0x7fffffff,
+              "arrivals and quits of up to MERGE_GROUPS items fit one int");
 
-// Thread = (head h = tid / LANES, lane i = tid % LANES); lane i owns the 16-byte column
-// groups i + LANES k, so the lanes of a head read contiguous bytes per step.
-template <int THREADS>
-HIPMLA_DEVICE void merge_partials(const MlaDecodeParams& p, const WorkItem& it) {
+// Columns [LANES-strided groups g0 .. g1) of every slot of the row, merged into the
+// output (and the LSE if `lse`). Thread = (head h = tid / LANES, lane i = tid % LANES);
+// lane i owns groups g0 + i + LANES k (k < STEPS), so the lanes of a head read contiguous
+// bytes. BATCH slots' loads are issued together: the first batch beside the m pass (it
+// does not depend on M), the rest BATCH per L2 round trip.
+template <int THREADS, int STEPS, int BATCH>
+HIPMLA_DEVICE void merge_columns(const MlaDecodeParams& p, const WorkItem& it, int g0, int g1, bool lse) {
     constexpr int LANES = THREADS / HEADS;
     constexpr int VEC = 4;
-    constexpr int STEPS = D_V / (LANES * VEC);
     constexpr int M_ROUND = 16;
-    static_assert(LANES * HEADS == THREADS && STEPS * LANES * VEC == D_V, "lanes must cover heads x columns");
+    static_assert(LANES * HEADS == THREADS && LANES * VEC * STEPS <= D_V, "lanes must cover heads x columns");
 
     const int tid = int(thread_index());
     const int h = tid / LANES;
@@ -52,23 +69,23 @@ HIPMLA_DEVICE void merge_partials(const MlaDecodeParams& p, const WorkItem& it) 
     const int ds = it.slot_stride;
     const float neg_inf = f32_from_bits(0xff800000u);
 
-    // A merge is otherwise a chain of L2 round trips: the first two slots' partials are
-    // loaded beside the m pass (they do not depend on its max), so a merge of two slots is
-    // one round trip; later slots follow two per round trip.
-    // Slot s's (m, l) and this thread's columns of its acc.
+    // Slot s's (m, l) and this thread's groups of its acc (zeros past g1).
     auto load_slot = [&](int s, float (&ml)[2], f32x4 (&a)[STEPS]) {
         const float* slot_ml = p.part_ml + ((long long)s * HEADS + h) * 2;
         ml[0] = load_coherent(slot_ml);
         ml[1] = load_coherent(slot_ml + 1);
         const f32x4* part = reinterpret_cast<const f32x4*>(p.part_acc + ((long long)s * HEADS + h) * D_V);
 #pragma unroll
-        for (int k = 0; k < STEPS; ++k) a[k] = load_coherent(part + i + LANES * k);
+        for (int k = 0; k < STEPS; ++k) {
+            const int g = g0 + i + LANES * k;
+            a[k] = g < g1 ? load_coherent(part + g) : f32x4{0.0f, 0.0f, 0.0f, 0.0f};
+        }
     };
-    const bool second = s0 + ds < s1;  // a merge has two slots or more; one is read once
-    f32x4 head_acc[2][STEPS];
-    float head_ml[2][2];
+    // A slot past the row's loads the first one again rather than branch; it is not added.
+    f32x4 head_acc[BATCH][STEPS];
+    float head_ml[BATCH][2];
 #pragma unroll
-    for (int j = 0; j < 2; ++j) load_slot(second ? s0 + j * ds : s0, head_ml[j], head_acc[j]);
+    for (int j = 0; j < BATCH; ++j) load_slot(s0 + j * ds < s1 ? s0 + j * ds : s0, head_ml[j], head_acc[j]);
     // M in rounds of M_ROUND slots whose loads are all in flight at once (predicated, so a
     // merge of up to M_ROUND slots is one round trip, with no remainder loop after it).
     // A NaN m (a bad item's) never wins the compare, in any order: M is order-free.
@@ -105,32 +122,106 @@ HIPMLA_DEVICE void merge_partials(const MlaDecodeParams& p, const WorkItem& it) 
             acc[k][3] += w * a[k].w;
         }
     };
-    add_slot(head_ml[0][0], head_ml[0][1], head_acc[0]);
-    if (second) add_slot(head_ml[1][0], head_ml[1][1], head_acc[1]);
-    // The later slots two per round trip (their loads issued together; a lone last slot
-    // loads its own partial twice rather than branch around the second load).
-    for (int s = s0 + 2 * ds; s < s1; s += 2 * ds) {
-        const bool pair = s + ds < s1;
-        f32x4 a[2][STEPS];
-        float ml[2][2];
 #pragma unroll
-        for (int j = 0; j < 2; ++j) load_slot(j == 1 && pair ? s + ds : s, ml[j], a[j]);
-        add_slot(ml[0][0], ml[0][1], a[0]);
-        if (pair) add_slot(ml[1][0], ml[1][1], a[1]);
+    for (int j = 0; j < BATCH; ++j) {
+        if (s0 + j * ds < s1) add_slot(head_ml[j][0], head_ml[j][1], head_acc[j]);
+    }
+    for (int s = s0 + BATCH * ds; s < s1; s += BATCH * ds) {
+        f32x4 a[BATCH][STEPS];
+        float ml[BATCH][2];
+#pragma unroll
+        for (int j = 0; j < BATCH; ++j) load_slot(s + j * ds < s1 ? s + j * ds : s, ml[j], a[j]);
+#pragma unroll
+        for (int j = 0; j < BATCH; ++j) {
+            if (s + j * ds < s1) add_slot(ml[j][0], ml[j][1], a[j]);
+        }
     }
 
     const bool zero = big_l <= 0.0f;  // all slots empty; NaN (a bad item's slot) stays NaN
     u32x2* out = reinterpret_cast<u32x2*>(static_cast<unsigned short*>(p.out) + ((long long)it.row * HEADS + h) * D_V);
 #pragma unroll
     for (int k = 0; k < STEPS; ++k) {
+        const int g = g0 + i + LANES * k;
         float o[VEC];
 #pragma unroll
         for (int e = 0; e < VEC; ++e) o[e] = zero ? 0.0f : acc[k][e] / big_l;
-        out[i + LANES * k] = u32x2{pack_bf16x2(o[0], o[1]), pack_bf16x2(o[2], o[3])};
+        if (g < g1) out[g] = u32x2{pack_bf16x2(o[0], o[1]), pack_bf16x2(o[2], o[3])};
     }
-    if (i == 0 && p.lse != nullptr) {
+    if (lse && i == 0 && p.lse != nullptr) {
         p.lse[(long long)it.row * HEADS + h] = zero ? neg_inf : (big_m + log2_f32(big_l)) * 0.6931471805599453f;
     }
+}
+
+// Thread 0: the row's arrival protocol (the header); returns this block's share: an
+// arrival index k, MERGE_ALL or MERGE_NONE. `done` gets the block's count in word 1
+// (shared merges; -1 otherwise), which the caller checks for the reset at its end.
+HIPMLA_DEVICE int arrive(const MlaDecodeParams& p, const WorkItem& it, int& done) {
+    int* word = p.counters + 2 * it.row;
+    const int n = it.n_items;
+    done = -1;
+    if (p.fast_tile != 0 || n > MERGE_GROUPS) {
+        const bool last = atomic_add_device(word, 1) == n - 1;
+        if (last) atomic_store_device(word, 0);
+        return last ? MERGE_ALL : MERGE_NONE;
+    }
+    const int before = atomic_add_device(word, 1);
+    const int k = before & MERGE_ARRIVED;
+    int share = k;
+    if (k == n - 1) {
+        if (before >= MERGE_QUIT) share = MERGE_ALL;  // someone stopped waiting: its share is ours
+    } else {
+        const unsigned long long t0 = timer_ns();
+        int seen = before + 1;
+        while ((seen & MERGE_ARRIVED) < n && timer_ns() - t0 < HIPMLA_MERGE_WAIT_NS) {
+            wait_briefly();
+            seen = load_relaxed_device(word);
+        }
+        if ((seen & MERGE_ARRIVED) < n) {
+            // Quit, unless the last arrival came first after all.
+            share = (atomic_add_device(word, MERGE_QUIT) & MERGE_ARRIVED) == n ? k : MERGE_NONE;
+        }
+    }
+    fence_release_device();  // every access to word 0 before the count in word 1
+    done = atomic_add_device(word + 1, 1);  // its value is needed only at the block's end
+    return share;
+}
+
+// Thread 0, at the block's end: the n-th block done with word 0 resets the row's counters.
+HIPMLA_DEVICE void reset_counters(const MlaDecodeParams& p, const WorkItem& it, int done) {
+    if (done != it.n_items - 1) return;
+    fence_acquire_device();
+    atomic_store_device(p.counters + 2 * it.row, 0);
+    atomic_store_device(p.counters + 2 * it.row + 1, 0);
+}
+
+// Called by every thread of a block of a split row (slot >= 0) after its partial stores.
+// `flag` is one int of shared memory.
+template <int THREADS>
+HIPMLA_DEVICE void merge_split_row(const MlaDecodeParams& p, const WorkItem& it, int* flag) {
+    fence_release_device();
+    block_sync();
+    const bool t0 = thread_index() == 0;
+    int done = -1;
+    if (t0) *flag = arrive(p, it, done);
+    block_sync();
+    const int share = *flag;
+    if (share != MERGE_NONE) {
+        fence_acquire_device();
+        if (share == MERGE_ALL) {
+            merge_columns<THREADS, 8, 2>(p, it, 0, MERGE_GROUPS, true);
+        } else {
+            const int n = it.n_items;
+            const int g0 = share * MERGE_GROUPS / n, g1 = (share + 1) * MERGE_GROUPS / n;
+            constexpr int LANES = THREADS / HEADS;
+            // A share's groups are LANES x at most 4 steps (2 items or more); 8 loads a
+            // thread in flight per round trip. (16, for one round trip up to 16 items, made
+            // the merge slower on the H200: 4 x 1k 1.8 -> 3.0 us.)
+            if (g1 - g0 <= LANES) merge_columns<THREADS, 1, 8>(p, it, g0, g1, share == 0);
+            else if (g1 - g0 <= 2 * LANES) merge_columns<THREADS, 2, 4>(p, it, g0, g1, share == 0);
+            else merge_columns<THREADS, 4, 2>(p, it, g0, g1, share == 0);
+        }
+    }
+    if (t0) reset_counters(p, it, done);
 }
 
 }  // namespace hipmla

@@ -380,5 +380,5 @@ HIPMLA_KERNEL(hipmla::BLOCK_THREADS) void HIPMLA_SPLIT_NAME(const MlaDecodeParam
             }
         }
     }
-    if (slot >= 0 && arrive_last(p, it, &sm.last)) merge_partials<BLOCK_THREADS>(p, it);
+    if (slot >= 0) merge_split_row<BLOCK_THREADS>(p, it, &sm.last);
 }

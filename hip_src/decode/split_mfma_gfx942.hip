@@ -180,7 +180,7 @@ struct alignas(16) Smem {
     alignas(16) unsigned short pt[HEADS][TILE];                  // the tile's P (bf16), [head][D row]
     float alpha[HEADS];                                          // the tile's rescale per head
     float head_l[HEADS];                                         // the item's l per head (end)
-    int last;                                                    // arrive_last's flag
+    int last;                                                    // merge_split_row's flag
 };
 static_assert(sizeof(ScheduleSmem<THREADS>) <= sizeof(f32x4) * WAVES * WAVE, "the scan fits the partials");
 
@@ -604,7 +604,7 @@ HIPMLA_KERNEL(hipmla::fast942::THREADS) void HIPMLA_FAST_NAME(const MlaDecodePar
     }
     // A bad item's error bits: here, where nothing else is live.
     report_bad_item(p, it);
-    // A split sequence: the last of its items to finish (this kernel's or split.hip's)
-    // merges the slots.
-    if (slot >= 0 && arrive_last(p, it, &smem.last)) merge_partials<THREADS>(p, it);
+    // A split row: its items merge the slots (core/merge.h: shares of the columns, or the
+    // last to finish all of them when this kernel runs beside split.hip).
+    if (slot >= 0) merge_split_row<THREADS>(p, it, &smem.last);
 }

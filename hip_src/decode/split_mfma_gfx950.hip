@@ -159,7 +159,7 @@ struct Merge {                                    // after the last tile
     float m[WAVES][HEADS];
     float l[WAVES][HEADS];
     alignas(16) float acc[V_GROUPS * V_TILES * 4][WAVE];  // one wave's accumulators, register order
-    int last;                                     // arrive_last's flag
+    int last;                                     // merge_split_row's flag
 };
 
 // Quantized Q: two buffers per wave, the next tile's quarter copied into one while the
@@ -625,7 +625,7 @@ HIPMLA_KERNEL(hipmla::fast950::THREADS) void HIPMLA_FAST_NAME(const MlaDecodePar
     // A bad item's error bits: here, where nothing else is live (at the top of the kernel
     // the atomic's registers would stay allocated next to the accumulators).
     report_bad_item(p, it);
-    // A split sequence: the last of its items to finish (this kernel's or split.hip's)
-    // merges the slots.
-    if (slot >= 0 && arrive_last(p, it, &sm.merge.last)) merge_partials<THREADS>(p, it);
+    // A split row: its items merge the slots (core/merge.h: shares of the columns, or the
+    // last to finish all of them when this kernel runs beside split.hip).
+    if (slot >= 0) merge_split_row<THREADS>(p, it, &sm.merge.last);
 }

@@ -2,7 +2,7 @@
 // bf16 Q, any item length (the last tile is masked inside), on the project's serving core.
 // Block i derives work item i from the batch (core/schedule.h); a sequence of one item
 // writes bf16 output + natural-log LSE, otherwise the item writes its partial slot and the
-// last item of the sequence to finish merges the slots (core/merge.h). With p.fast_tile > 0
+// row's items merge the slots, a share of the columns each (core/merge.h). With p.fast_tile > 0
 // it takes only the items of whole fast_tile tiles (as the AMD fast kernels do), so it can
 // run beside the portable kernel; with p.fast_tile = 0 it takes every item.
 // Numerics: hip_src/KERNELS.md with bf16 Q and 32-token softmax tiles, ONE softmax state
@@ -710,5 +710,5 @@ extern "C" __global__ void __launch_bounds__(hipmla::sm90k::THREADS, 2) HIPMLA_S
                 u32x2{b0 | (b1 << 16), b2 | (b3 << 16)};
         }
     }
-    if (slot >= 0 && arrive_last(p, done, &sm.last)) merge_partials<THREADS>(p, done);
+    if (slot >= 0) merge_split_row<THREADS>(p, done, &sm.last);
 }
