@@ -145,7 +145,10 @@ H200_L2_LATENCY_S = Range(150e-9, 300e-9)
 PROLOGUE_ROUND_TRIPS = 3
 #: The merge, once per split sequence: the release fence after the partial write and the
 #: counter's atomic, then per slot one round trip (loads of all slots in flight together:
-#: the merge's slot loops are unrolled) or two (m / l first, then acc).
+#: the merge's slot loops are unrolled) or two (m / l first, then acc). This is the
+#: one-block merge the calibration timed; since f0a29c4 a row's items share the merge
+#: (core/merge.h, a batch of slots per round trip each), which needs the calibration
+#: shapes measured again before the model follows it.
 MERGE_FIXED_ROUND_TRIPS = 2
 MERGE_ROUND_TRIPS_PER_SLOT = Range(1, 2)
 
