@@ -503,7 +503,7 @@ class Decoder:
         words = 2 * rows + 2  # the merge counters (two per row, core/merge.h), the error word, padding
         grown = runtime.alloc(acc_bytes + ml_bytes + words * 4)
         try:
-            # The merger resets each counter it finishes; they start at zero once, and so
+            # A row's last block resets its merge counters; they start at zero once, and so
             # does the error word (check_errors clears it).
             runtime.memset(grown.ptr + acc_bytes + ml_bytes, 0, words * 4)
             runtime.synchronize()  # the memset is done, and runs enqueued on the old buffers too

@@ -46,11 +46,6 @@ SLOT_WORDS = 16 * 512 // 2  # u64 per partial slot: a block records into its own
 STAMP = "HIPMLA_STAMP"
 HELPERS = f"""
 namespace hipmla {{ namespace sm90k {{
-HIPMLA_DEVICE unsigned long long timeline_now() {{
-    unsigned long long t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    return t;
-}}
 HIPMLA_DEVICE unsigned timeline_smid() {{
     unsigned s;
     asm volatile("mov.u32 %0, %%smid;" : "=r"(s));
@@ -58,7 +53,7 @@ HIPMLA_DEVICE unsigned timeline_smid() {{
 }}
 }} }}
 constexpr long long SLOT_WORDS = {SLOT_WORDS};
-#define {STAMP}(k) do {{ if (thread_index() == 0) hipmla_stamp[k] = timeline_now(); }} while (0)
+#define {STAMP}(k) do {{ if (thread_index() == 0) hipmla_stamp[k] = timer_ns(); }} while (0)
 """
 RECORD = """
     if (thread_index() == 0) {
@@ -75,8 +70,7 @@ RECORD = """
 SCHEDULE_FILE = "core/schedule.h"
 SCHEDULE_HELPERS = """
 __shared__ unsigned long long hipmla_sched_stamp[4];
-#define HIPMLA_SCHED_STAMP(k) do { if (thread_index() == 0) { unsigned long long t; \\
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)); hipmla_sched_stamp[k] = t; } } while (0)
+#define HIPMLA_SCHED_STAMP(k) do { if (thread_index() == 0) hipmla_sched_stamp[k] = timer_ns(); } while (0)
 """
 SCHEDULE_EDITS = [
     ("namespace hipmla {\n\nstruct WorkItem {", "namespace hipmla {\n" + SCHEDULE_HELPERS + "\nstruct WorkItem {"),
@@ -111,8 +105,7 @@ EDITS = [
 MERGE_FILE = "core/merge.h"
 MERGE_EDITS = [
     ("constexpr int MERGE_GROUPS = D_V / 4;",
-     "#define HIPMLA_MERGE_STAMP(k) do { if (thread_index() == 0) { unsigned long long t; \\\n"
-     "    asm volatile(\"mov.u64 %0, %%globaltimer;\" : \"=l\"(t)); hipmla_stamp[k] = t; } } while (0)\n"
+     "#define HIPMLA_MERGE_STAMP(k) do { if (thread_index() == 0) hipmla_stamp[k] = timer_ns(); } while (0)\n"
      "constexpr int MERGE_GROUPS = D_V / 4;"),
     ("HIPMLA_DEVICE void merge_split_row(const MlaDecodeParams& p, const WorkItem& it, int* flag) {",
      "HIPMLA_DEVICE void merge_split_row(const MlaDecodeParams& p, const WorkItem& it, int* flag,\n"

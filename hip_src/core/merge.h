@@ -8,12 +8,13 @@
 // every item of the step (fast_tile = 0) the row's items share the merge: the item that
 // arrived k-th of n merges column groups [k G / n, (k + 1) G / n) (G = D_V / 4 groups of
 // 4 columns) of all the row's slots, once it has seen all n arrive. A block waits for its
-// siblings at most MERGE_WAIT_NS: they may not be resident (a later wave of blocks, or
+// siblings at most HIPMLA_MERGE_WAIT_NS: they may not be resident (a later wave of blocks, or
 // SMs held by other work), and a slot held that long costs more than one block merging
 // the row. A block that stops waiting says so in the same counter (MERGE_QUIT), so the
 // one atomic order decides: a quit before the last arrival makes the last item merge
-// the whole row; after it, the quitter saw everyone arrive and merges its share. Shares
-// merged twice (a quitter's, by the last item, and a sibling's own) get the same bytes.
+// the whole row; after it, the quitter saw everyone arrive and merges its share. When the
+// last item merges the whole row, the siblings still waiting merge their shares too:
+// those columns are written twice, with the same bytes.
 // With fast_tile > 0 (two kernels, one after the other), or more than G items, the last
 // item to arrive merges everything, as before.
 //
