@@ -107,6 +107,26 @@ for factory, args in BUILDS:
     open(path, "wb").write(code)
     out[spec.symbol] = {"ok": int(status) == 0, "elf": code[:4] == b"\\x7fELF", "has": spec.symbol.encode() in code,
                         "local": b".nv.local." in code, "log": log.rstrip(b"\\0").decode()[-3000:], "path": path}
+# scripts/sm90_wgmma_probe.cu (wgmma needs sm_90a): the probe must keep building.
+import importlib.util, sys
+spec_ = importlib.util.spec_from_file_location("wgmma_probe", REPO + "/scripts/sm90_wgmma_probe.py")
+probe = importlib.util.module_from_spec(spec_)
+spec_.loader.exec_module(probe)
+flags = ["--offload-arch=sm_90a", "-O3", "-DPROBE_VDESC=0"]
+status, prog = hiprtc.hiprtcCreateProgram(probe.probe_source().encode(), probe.SYMBOL.encode(), 0, [], [])
+(status,) = hiprtc.hiprtcCompileProgram(prog, len(flags), [f.encode() for f in flags])
+_, log_size = hiprtc.hiprtcGetProgramLogSize(prog)
+log = bytearray(log_size)
+hiprtc.hiprtcGetProgramLog(prog, log)
+code = b""
+if int(status) == 0:
+    _, size = hiprtc.hiprtcGetCodeSize(prog)
+    buffer = bytearray(size)
+    hiprtc.hiprtcGetCode(prog, buffer)
+    code = bytes(buffer)
+hiprtc.hiprtcDestroyProgram(prog.createRef())
+out[probe.SYMBOL] = {"ok": int(status) == 0, "elf": code[:4] == b"\\x7fELF", "has": probe.SYMBOL.encode() in code,
+                     "local": b".nv.local." in code, "log": log.rstrip(b"\\0").decode()[-3000:], "path": ""}
 print(json.dumps(out))
 """
 
@@ -120,7 +140,8 @@ def nvrtc_builds(tmp_path_factory) -> dict:
     shim = nvidia.build_shim(tmp_path_factory.mktemp("shim"))
     out_dir = tmp_path_factory.mktemp("cubins")
     env = {**os.environ, **nvidia.shim_env(shim), "HIPMLA_LIBCUDA": "/nonexistent/libcuda.so.1"}
-    done = subprocess.run([sys.executable, "-c", f"OUT = {str(out_dir)!r}\nBUILDS = {BUILDS!r}\n" + COMPILE_SCRIPT],
+    done = subprocess.run([sys.executable, "-c", f"OUT = {str(out_dir)!r}\nREPO = {str(REPO)!r}\nBUILDS = {BUILDS!r}\n"
+                           + COMPILE_SCRIPT],
                           env=env, capture_output=True, text=True, timeout=600, cwd=REPO)
     assert done.returncode == 0, f"child failed:\n{done.stdout}\n{done.stderr}"
     return json.loads(done.stdout.strip().splitlines()[-1])
