@@ -18,6 +18,17 @@
 //   P^T             movmatrix'd into K-major core matrices (B of P.V).
 //   O^T += V^T P^T  wgmma.m64n16k16, A = V^T from shared memory (transposed), B = P^T;
 //                   8 M-blocks of 64 dims: O^T is 64 f32 a thread.
+// Descriptors (checked on the H200 against float64, PROBE_VDESC): K-major without swizzle,
+// LBO is the stride between core matrices along K and SBO along M / N; for the MN-major
+// 128-byte-swizzled V^T, SBO is the stride between 8-row groups along K (1 KiB here) and
+// LBO the stride between 64-element atoms along M (unused at M = 64): LBO 1 KiB / SBO 8 KiB
+// gives wrong results, LBO 8 KiB / SBO 1 KiB and LBO = SBO = 1 KiB right ones.
+// Measured on the H200 (2026-12-02, scripts/results/h200-2026-12-02-sm90-wgmma-probe.txt):
+// 473 us for 128 x 16384 tokens (the bytes of 256 x 8k; 32.8% of the read bandwidth),
+// where the decoder's whole split_sm90 kernel takes 464 us at 256 x 8k. 255 registers and
+// the whole shared memory leave 8 warps an SM: 0.59 of 2 warps eligible a scheduler, 4.35
+// cycles an issued instruction (short scoreboard 0.88, fixed latency 0.79, instruction
+// fetch 0.46), shared memory 65% busy; 86.7 warp-instructions a token against 108.
 #include "common/platform.h"
 #include "common/numerics.h"
 #include "arch/sm90.h"
@@ -28,7 +39,7 @@
 #define PROBE_ABLATE 0
 #endif
 #ifndef PROBE_VDESC
-#define PROBE_VDESC 0  // V^T's descriptor: 0 LBO = SBO = 1 KiB; 1 LBO 1 KiB, SBO 8 KiB; 2 the reverse
+#define PROBE_VDESC 2  // V^T's descriptor: 0 LBO = SBO = 1 KiB; 1 LBO 1 KiB, SBO 8 KiB (wrong); 2 LBO 8 KiB, SBO 1 KiB
 #endif
 
 namespace probe {
@@ -378,6 +389,8 @@ extern "C" __global__ void __launch_bounds__(256, 1) hipmla_probe_wgmma_mxfp4(co
     using namespace probe;
     extern __shared__ __align__(1024) unsigned char probe_smem[];
     Smem& sm = *reinterpret_cast<Smem*>(probe_smem);
+    static_assert(sizeof(Smem) == 232448, "the script launches with 227 KiB");
+    if (dynamic_smem_size() < sizeof(Smem)) __trap();
     const int tid = int(thread_index());
     const int blk = int(block_index());
 

@@ -17,6 +17,11 @@ case and times it on ``blocks x tokens`` tokens (128 x 16384 reads the bytes of 
 256 x 8k benchmark shape) beside the read bandwidth of the same run; then times builds
 with one part taken out (PROBE_ABLATE: their results are wrong, their time is not).
 Needs an sm_90 GPU (NVRTC builds for sm_90a).
+
+Measured on the H200 (2026-12-02, scripts/results/h200-2026-12-02-sm90-wgmma-probe.txt):
+473 us at 128 x 16384 (32.8% of the read bandwidth), against 464 us for the decoder's whole
+kernel at 256 x 8k: the design, at the 8 warps an SM its registers and shared memory
+allow, is latency-bound (0.59 eligible warps a scheduler), not faster.
 """
 from __future__ import annotations
 
@@ -37,7 +42,7 @@ from hipmla.bench import Timer, read_gbs  # noqa: E402
 from hipmla.runtime.launch import Module  # noqa: E402
 
 SYMBOL = "hipmla_probe_wgmma_mxfp4"
-SHARED = 231424  # sizeof(probe::Smem)
+SHARED = 232448  # sizeof(probe::Smem): the whole opt-in limit of an sm_90 block (the kernel traps on less)
 
 
 class ProbeParams(ctypes.Structure):
@@ -141,7 +146,7 @@ def main(argv: list[str]) -> int:
         return f"{args.blocks} x {args.tokens} tokens, L2 flushed, median of {args.iters}: {t:.1f} us, {gbs:.0f} GB/s{pct}"
 
     good = None
-    for vdesc in (0, 1, 2) if args.only is None else (args.only,):
+    for vdesc in (2, 0, 1) if args.only is None else (args.only,):
         fn = build(vdesc)
         err = check(fn, scale_log2)
         ok = err < 2e-2

@@ -169,6 +169,13 @@
 // instructions, 256 x 8k 466.3 -> 469.1 us; MXFP4's copies rotated onto whole lines as
 // fp8's are: 12 more instructions, 466.3 -> 471.8. Issue slots again outweigh the
 // shared-memory wavefronts.
+// Measured and not adopted (H200, 2026-12-02, scripts/sm90_wgmma_probe.py, scripts/results/
+// h200-2026-12-02-sm90-wgmma-probe.txt): the token-split design on wgmma (sm_90a) -- Q.K as
+// S^T = K' Q'^T with each warp's 16 tokens dequantized into the A registers, V stored once
+// as bf16, O^T = V^T P^T from shared memory -- issues 86.7 warp-instructions a token (this
+// kernel 108), but V takes 64 KiB a warpgroup: one block of 8 warps an SM (255 registers),
+// 0.59 eligible warps a scheduler, shared memory 65% busy; its hot loop alone took 473 us
+// for the bytes of 256 x 8k, this whole kernel 464.
 #include "params.h"
 #include "common/config.h"
 #include "common/numerics.h"
