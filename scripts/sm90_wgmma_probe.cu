@@ -29,6 +29,8 @@
 // the whole shared memory leave 8 warps an SM: 0.59 of 2 warps eligible a scheduler, 4.35
 // cycles an issued instruction (short scoreboard 0.88, fixed latency 0.79, instruction
 // fetch 0.46), shared memory 65% busy; 86.7 warp-instructions a token against 108.
+// PROBE_ROLLED=1 (the latent chunks' loop kept a loop): 454.6 us against 472.9 unrolled in
+// a later run.
 #include "common/platform.h"
 #include "common/numerics.h"
 #include "arch/sm90.h"
@@ -37,6 +39,10 @@
 // wgmma, 4 no dequantization (the packed words used as bf16 pairs).
 #ifndef PROBE_ABLATE
 #define PROBE_ABLATE 0
+#endif
+// 1: the latent chunks' loop not unrolled (a quarter of Q.K's code: instruction fetch).
+#ifndef PROBE_ROLLED
+#define PROBE_ROLLED 0
 #endif
 #ifndef PROBE_VDESC
 #define PROBE_VDESC 2  // V^T's descriptor: 0 LBO = SBO = 1 KiB; 1 LBO 1 KiB, SBO 8 KiB (wrong); 2 LBO 8 KiB, SBO 1 KiB
@@ -178,7 +184,11 @@ HIPMLA_DEVICE void warpgroup_loop(const ProbeParams& p, Smem& sm, int tid) {
         for (int e = 0; e < 8; ++e) s[e] = 0.0f;
         // The previous tile's P.V reads V and P^T: done before they are written again.
         wg_wait<0>();
+#if PROBE_ROLLED
+#pragma unroll 1
+#else
 #pragma unroll
+#endif
         for (int c = 0; c < 4; ++c) {  // latent words 16 t + 4 c .. + 3 (m = 4 c + mm): block 4 t + c
             const u32x4 a = *reinterpret_cast<const u32x4*>(kv + r0 * ROW + 64 * t + 16 * c);
             const u32x4 b = *reinterpret_cast<const u32x4*>(kv + r1 * ROW + 64 * t + 16 * c);

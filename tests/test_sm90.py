@@ -160,6 +160,16 @@ def test_portable_kernels_compile_for_sm_90_through_hiprtc(nvrtc_builds):
 
 
 @needs_nvrtc
+def test_wgmma_probe_compiles_for_sm_90a(nvrtc_builds):
+    """scripts/sm90_wgmma_probe.cu (the token-split wgmma design's hot loop, timed on the
+    H200 by its script) builds for sm_90a through the same hiprtc -> NVRTC path, with no
+    local memory: the probe behind the notes' figures keeps compiling as hip_src moves."""
+    r = nvrtc_builds["hipmla_probe_wgmma_mxfp4"]
+    assert r["ok"] and r["elf"] and r["has"], r["log"]
+    assert not r["local"], "the probe spills to local memory"
+
+
+@needs_nvrtc
 @pytest.mark.parametrize("spec", SPECS, ids=_ids)
 def test_compiles_for_sm_90_through_hiprtc(nvrtc_builds, spec):
     r = nvrtc_builds[spec.symbol]
