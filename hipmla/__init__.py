@@ -3,7 +3,8 @@
 Layers, bottom up: ``formats`` (KV-cache byte layouts) -> ``reference`` (exact math) ->
 ``paging`` (token -> cache row) -> ``schedule`` (the device's split into work items) -> ``emulate`` (numpy model of the kernels' numerics) ->
 ``runtime`` (the one package that talks to hip-python) -> ``kernels`` (HIP sources and
-their parameter struct) -> ``decode`` (the decoder API) -> ``cli``.
+their parameter struct) -> ``buffers`` (device buffer arguments: addresses, CUDA Array
+Interface, DLPack; their checks and keys) -> ``decode`` (the decoder API) -> ``cli``.
 
 Importing hipmla never needs ROCm or a GPU; the runtime loads HIP at first use.
 """

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from test_decode import ADDR, D_QK, D_V, H, FakeCAI, args, make
 
-from hipmla import decode
+from hipmla import buffers, decode
 
 _Destructor = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
 _Deleter = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
@@ -50,8 +50,8 @@ class Producer:
         shape = (ctypes.c_int64 * max(n, 1))(*self.shape)
         strides = None if self.strides is None else (ctypes.c_int64 * max(n, 1))(*self.strides)
         code, bits = TYPES[self.dtype]
-        t = decode._DLTensor(self.ptr, decode._DLDevice(*self.device), n,
-                             decode._DLDataType(code, bits, self.lanes),
+        t = buffers._DLTensor(self.ptr, buffers._DLDevice(*self.device), n,
+                             buffers._DLDataType(code, bits, self.lanes),
                              ctypes.cast(shape, ctypes.POINTER(ctypes.c_int64)),
                              None if strides is None else ctypes.cast(strides, ctypes.POINTER(ctypes.c_int64)),
                              self.byte_offset)
@@ -62,11 +62,11 @@ class Producer:
             self.deleted.append(ctx)
 
         if self.versioned:
-            m = decode._DLManagedTensorVersioned(decode._DLPackVersion(1, 0), ctx,
+            m = buffers._DLManagedTensorVersioned(buffers._DLPackVersion(1, 0), ctx,
                                                  ctypes.cast(deleter, ctypes.c_void_p), int(self.read_only), t)
             name = b"dltensor_versioned"
         else:
-            m = decode._DLManagedTensor(t, ctx, ctypes.cast(deleter, ctypes.c_void_p))
+            m = buffers._DLManagedTensor(t, ctx, ctypes.cast(deleter, ctypes.c_void_p))
             name = b"dltensor"
 
         @_Destructor
@@ -269,7 +269,7 @@ def test_a_tensor_without_a_typestr_falls_back_to_its_dlpack():
 
 def test_the_key_of_a_tensor_whose_interface_raises(monkeypatch):
     """A torch-style bf16 tensor: its interface property raises, its key must not."""
-    decode._KEYERS.clear()
+    buffers.KEYERS.clear()
 
     class Bf16Torch(Producer):
         @property
