@@ -28,7 +28,7 @@
 // where the decoder's whole split_sm90 kernel takes 464 us at 256 x 8k. 255 registers and
 // the whole shared memory leave 8 warps an SM: 0.59 of 2 warps eligible a scheduler, 4.35
 // cycles an issued instruction (short scoreboard 0.88, fixed latency 0.79, instruction
-// fetch 0.46), shared memory 65% busy; 86.7 warp-instructions a token against 108.
+// fetch 0.46), L1/TEX throughput 65%; 86.7 warp-instructions a token against 108.
 // PROBE_ROLLED=1 (the latent chunks' loop kept a loop): 454.6 us against 472.9 unrolled in
 // a later run.
 #include "common/platform.h"

@@ -20,9 +20,10 @@ Needs an sm_90 GPU (NVRTC builds for sm_90a).
 
 Measured on the H200 (2026-12-02, scripts/results/h200-2026-12-02-sm90-wgmma-probe.txt):
 473 us at 128 x 16384 (32.8% of the read bandwidth), against 464 us for the decoder's whole
-kernel at 256 x 8k: the design, at the 8 warps an SM its registers and shared memory
-allow, is latency-bound (0.59 eligible warps a scheduler), not faster. With
-``--define PROBE_ROLLED=1`` (less code to fetch) 454.6 us against 472.9 in a later run.
+kernel at 256 x 8k (another run): the design, at the 8 warps an SM its registers and shared
+memory allow, is latency-bound (0.59 eligible warps a scheduler). With ``--define
+PROBE_ROLLED=1`` (less code to fetch) 454.6 us against 472.9 in a later run: its loop alone
+about as fast as that whole kernel, before the schedule, merge and epilogue.
 """
 from __future__ import annotations
 
@@ -54,17 +55,17 @@ class ProbeParams(ctypes.Structure):
 
 def probe_source() -> str:
     """The probe as one translation unit (its includes inlined from this tree's hip_src)."""
-    original = kernels.hip_src_dir()
+    find_sources = kernels.hip_src_dir
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp) / "hip_src"
-        shutil.copytree(original, root)
+        shutil.copytree(find_sources(), root)
         (root / "probe").mkdir()
         shutil.copy(Path(__file__).with_suffix(".cu"), root / "probe" / "wgmma.hip")
         kernels.hip_src_dir = lambda: root
         try:
             return kernels.translation_unit("probe/wgmma.hip")
         finally:
-            kernels.hip_src_dir = lambda: original
+            kernels.hip_src_dir = find_sources
 
 
 ABLATIONS = {1: "no V stores", 2: "no P.V wgmma", 3: "no Q.K wgmma", 4: "no dequantization"}

@@ -112,21 +112,24 @@ import importlib.util, sys
 spec_ = importlib.util.spec_from_file_location("wgmma_probe", REPO + "/scripts/sm90_wgmma_probe.py")
 probe = importlib.util.module_from_spec(spec_)
 spec_.loader.exec_module(probe)
-flags = ["--offload-arch=sm_90a", "-O3", "-DPROBE_VDESC=0"]
-status, prog = hiprtc.hiprtcCreateProgram(probe.probe_source().encode(), probe.SYMBOL.encode(), 0, [], [])
-(status,) = hiprtc.hiprtcCompileProgram(prog, len(flags), [f.encode() for f in flags])
-_, log_size = hiprtc.hiprtcGetProgramLogSize(prog)
-log = bytearray(log_size)
-hiprtc.hiprtcGetProgramLog(prog, log)
-code = b""
-if int(status) == 0:
-    _, size = hiprtc.hiprtcGetCodeSize(prog)
-    buffer = bytearray(size)
-    hiprtc.hiprtcGetCode(prog, buffer)
-    code = bytes(buffer)
-hiprtc.hiprtcDestroyProgram(prog.createRef())
-out[probe.SYMBOL] = {"ok": int(status) == 0, "elf": code[:4] == b"\\x7fELF", "has": probe.SYMBOL.encode() in code,
-                     "local": b".nv.local." in code, "log": log.rstrip(b"\\0").decode()[-3000:], "path": ""}
+source = probe.probe_source()
+for variant, defines in (("", []), (" rolled", ["-DPROBE_ROLLED=1"])):  # the script's default build and its option
+    flags = ["--offload-arch=sm_90a", "-O3", *defines]
+    status, prog = hiprtc.hiprtcCreateProgram(source.encode(), probe.SYMBOL.encode(), 0, [], [])
+    (status,) = hiprtc.hiprtcCompileProgram(prog, len(flags), [f.encode() for f in flags])
+    _, log_size = hiprtc.hiprtcGetProgramLogSize(prog)
+    log = bytearray(log_size)
+    hiprtc.hiprtcGetProgramLog(prog, log)
+    code = b""
+    if int(status) == 0:
+        _, size = hiprtc.hiprtcGetCodeSize(prog)
+        buffer = bytearray(size)
+        hiprtc.hiprtcGetCode(prog, buffer)
+        code = bytes(buffer)
+    hiprtc.hiprtcDestroyProgram(prog.createRef())
+    out[probe.SYMBOL + variant] = {"ok": int(status) == 0, "elf": code[:4] == b"\\x7fELF",
+                                   "has": probe.SYMBOL.encode() in code, "local": b".nv.local." in code,
+                                   "log": log.rstrip(b"\\0").decode()[-3000:], "path": "", "shared": probe.SHARED}
 print(json.dumps(out))
 """
 
@@ -164,9 +167,14 @@ def test_wgmma_probe_compiles_for_sm_90a(nvrtc_builds):
     """scripts/sm90_wgmma_probe.cu (the token-split wgmma design's hot loop, timed on the
     H200 by its script) builds for sm_90a through the same hiprtc -> NVRTC path, with no
     local memory: the probe behind the notes' figures keeps compiling as hip_src moves."""
-    r = nvrtc_builds["hipmla_probe_wgmma_mxfp4"]
-    assert r["ok"] and r["elf"] and r["has"], r["log"]
-    assert not r["local"], "the probe spills to local memory"
+    for variant in ("", " rolled"):  # the default build and PROBE_ROLLED=1
+        r = nvrtc_builds["hipmla_probe_wgmma_mxfp4" + variant]
+        assert r["ok"] and r["elf"] and r["has"], r["log"]
+        assert not r["local"], f"the probe{variant} spills to local memory"
+    # The script launches with the shared memory the kernel's static_assert holds it to
+    # (with less the kernel traps; the first H200 run, with less, faulted).
+    text = (REPO / "scripts" / "sm90_wgmma_probe.cu").read_text()
+    assert f"static_assert(sizeof(Smem) == {r['shared']}," in text
 
 
 @needs_nvrtc

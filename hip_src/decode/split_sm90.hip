@@ -173,8 +173,9 @@
 // h200-2026-12-02-sm90-wgmma-probe.txt): the token-split design on wgmma (sm_90a) -- Q.K as
 // S^T = K' Q'^T with each warp's 16 tokens dequantized into the A registers, V stored once
 // as bf16, O^T = V^T P^T from shared memory -- issues 86.7 warp-instructions a token (this
-// kernel 108), but V takes 64 KiB a warpgroup: one block of 8 warps an SM (255 registers),
-// 0.59 eligible warps a scheduler, shared memory 65% busy; its hot loop alone took 473 us
+// kernel 108), but V (64 KiB a warpgroup), the K stages and Q fill the shared memory and
+// 255 registers allow one block anyway: 8 warps an SM, 0.59 eligible warps a scheduler,
+// L1/TEX throughput 65%; its hot loop alone took 473 us (455 with its chunk loop rolled)
 // for the bytes of 256 x 8k, this whole kernel 464.
 #include "params.h"
 #include "common/config.h"
