@@ -114,6 +114,37 @@ HIPMLA_DEVICE void keep(const unsigned (&a)[4], unsigned long long) {
 
 HIPMLA_DEVICE unsigned mult(unsigned s) { return ((s < 193u ? s : 193u) + 62u) * 0x00800080u; }
 
+// Eight E2M1 codes of a row to four bf16x2 words of K' (value x its block's multiplier).
+HIPMLA_DEVICE void dequant_word(unsigned word, unsigned m, unsigned (&x)[4]) {
+#if PROBE_ABLATE == 4
+    x[0] = word; x[1] = word >> 1; x[2] = word >> 2; x[3] = word >> 3;
+#else
+    e2m1x8_to_bf16x2_scaled_down(word, x);
+#endif
+#pragma unroll
+    for (int i = 0; i < 4; ++i) x[i] = mul_bf16x2(x[i], m);
+}
+
+// The A fragments of the word pair's two k-steps: rows r0 (xa) and r1 (xb), words 2 kh, 2 kh + 1.
+HIPMLA_DEVICE void a_fragments(const unsigned (&xa)[4], const unsigned (&xb)[4], unsigned (&frag)[2][4]) {
+#pragma unroll
+    for (int kh = 0; kh < 2; ++kh) {
+        frag[kh][0] = xa[2 * kh];
+        frag[kh][1] = xb[2 * kh];
+        frag[kh][2] = xa[2 * kh + 1];
+        frag[kh][3] = xb[2 * kh + 1];
+    }
+}
+
+// S^T += K' Q'^T over k-step kk (PROBE_ABLATE 3: the fragment kept, no wgmma).
+HIPMLA_DEVICE void qk_step(float (&s)[8], const unsigned (&frag)[4], unsigned long long q_desc, int kk) {
+#if PROBE_ABLATE != 3
+    wgmma_rs(s, frag, q_desc + kk * 32);
+#else
+    keep(frag, q_desc + kk * 32);
+#endif
+}
+
 }  // namespace probe
 
 namespace probe {
@@ -199,18 +230,8 @@ HIPMLA_DEVICE void warpgroup_loop(const ProbeParams& p, Smem& sm, int tid) {
             for (int mm = 0; mm < 4; ++mm) {
                 const int m = 4 * c + mm;
                 unsigned xa[4], xb[4];
-#if PROBE_ABLATE == 4
-                xa[0] = wa[mm]; xa[1] = wa[mm] >> 1; xa[2] = wa[mm] >> 2; xa[3] = wa[mm] >> 3;
-                xb[0] = wb[mm]; xb[1] = wb[mm] >> 1; xb[2] = wb[mm] >> 2; xb[3] = wb[mm] >> 3;
-#else
-                e2m1x8_to_bf16x2_scaled_down(wa[mm], xa);
-                e2m1x8_to_bf16x2_scaled_down(wb[mm], xb);
-#endif
-#pragma unroll
-                for (int i = 0; i < 4; ++i) {
-                    xa[i] = mul_bf16x2(xa[i], ma);
-                    xb[i] = mul_bf16x2(xb[i], mb);
-                }
+                dequant_word(wa[mm], ma, xa);
+                dequant_word(wb[mm], mb, xb);
                 // V: octet ob = 8 (m >> 1) + 2 t + (m & 1) of O^T's row order, 128-byte swizzle.
                 const unsigned chunk = unsigned(2 * t + (m & 1));
                 const unsigned atom = v_base + (m >> 1) * 8192;
@@ -220,26 +241,13 @@ HIPMLA_DEVICE void warpgroup_loop(const ProbeParams& p, Smem& sm, int tid) {
                 asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(va), "r"(xa[0]), "r"(xa[1]), "r"(xa[2]), "r"(xa[3]) : "memory");
                 asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(vb), "r"(xb[0]), "r"(xb[1]), "r"(xb[2]), "r"(xb[3]) : "memory");
 #endif
-#pragma unroll
-                for (int kh = 0; kh < 2; ++kh) {
-                    frag[mm][kh][0] = xa[2 * kh];
-                    frag[mm][kh][1] = xb[2 * kh];
-                    frag[mm][kh][2] = xa[2 * kh + 1];
-                    frag[mm][kh][3] = xb[2 * kh + 1];
-                }
+                a_fragments(xa, xb, frag[mm]);
             }
             wg_fence();
 #pragma unroll
             for (int mm = 0; mm < 4; ++mm)
 #pragma unroll
-                for (int kh = 0; kh < 2; ++kh) {
-                    const int kk = 2 * (4 * c + mm) + kh;
-#if PROBE_ABLATE != 3
-                    wgmma_rs(s, frag[mm][kh], q_desc + kk * 32);
-#else
-                    keep(frag[mm][kh], q_desc + kk * 32);
-#endif
-                }
+                for (int kh = 0; kh < 2; ++kh) qk_step(s, frag[mm][kh], q_desc, 2 * (4 * c + mm) + kh);
             wg_commit();
         }
         {  // rope: words 64 + 2 t, 65 + 2 t (m = 16, 17): block 16 + t / 2
@@ -251,35 +259,15 @@ HIPMLA_DEVICE void warpgroup_loop(const ProbeParams& p, Smem& sm, int tid) {
 #pragma unroll
             for (int mm = 0; mm < 2; ++mm) {
                 unsigned xa[4], xb[4];
-#if PROBE_ABLATE == 4
-                xa[0] = wa[mm]; xa[1] = wa[mm] >> 1; xa[2] = wa[mm] >> 2; xa[3] = wa[mm] >> 3;
-                xb[0] = wb[mm]; xb[1] = wb[mm] >> 1; xb[2] = wb[mm] >> 2; xb[3] = wb[mm] >> 3;
-#else
-                e2m1x8_to_bf16x2_scaled_down(wa[mm], xa);
-                e2m1x8_to_bf16x2_scaled_down(wb[mm], xb);
-#endif
-#pragma unroll
-                for (int i = 0; i < 4; ++i) {
-                    xa[i] = mul_bf16x2(xa[i], ma);
-                    xb[i] = mul_bf16x2(xb[i], mb);
-                }
-#pragma unroll
-                for (int kh = 0; kh < 2; ++kh) {
-                    frag[mm][kh][0] = xa[2 * kh];
-                    frag[mm][kh][1] = xb[2 * kh];
-                    frag[mm][kh][2] = xa[2 * kh + 1];
-                    frag[mm][kh][3] = xb[2 * kh + 1];
-                }
+                dequant_word(wa[mm], ma, xa);
+                dequant_word(wb[mm], mb, xb);
+                a_fragments(xa, xb, frag[mm]);
             }
             wg_fence();
 #pragma unroll
             for (int mm = 0; mm < 2; ++mm)
 #pragma unroll
-#if PROBE_ABLATE != 3
-                for (int kh = 0; kh < 2; ++kh) wgmma_rs(s, frag[mm][kh], q_desc + (32 + 2 * mm + kh) * 32);
-#else
-                for (int kh = 0; kh < 2; ++kh) keep(frag[mm][kh], q_desc + (32 + 2 * mm + kh) * 32);
-#endif
+                for (int kh = 0; kh < 2; ++kh) qk_step(s, frag[mm][kh], q_desc, 32 + 2 * mm + kh);
             wg_commit();
         }
         wg_wait<0>();

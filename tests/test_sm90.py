@@ -81,55 +81,46 @@ BUILDS = [("sm90_split_kernel", (kv,)) for kv in KV_FORMATS] + \
     [("split_kernel", (kv, qp)) for kv, qp in (("bf16", "fp8"), ("fp8", "mxfp4"), ("mxfp4", "fp8"))]
 
 COMPILE_SCRIPT = """
+import importlib.util
 import json
 from hip import hiprtc
 from hipmla import kernels
 from hipmla.kernels import translation_unit
 
+
+def build(source, symbol, flags):
+    status, prog = hiprtc.hiprtcCreateProgram(source.encode(), symbol.encode(), 0, [], [])
+    (status,) = hiprtc.hiprtcCompileProgram(prog, len(flags), [f.encode() for f in flags])
+    _, log_size = hiprtc.hiprtcGetProgramLogSize(prog)
+    log = bytearray(log_size)
+    hiprtc.hiprtcGetProgramLog(prog, log)
+    code = b""
+    if int(status) == 0:
+        _, size = hiprtc.hiprtcGetCodeSize(prog)
+        buffer = bytearray(size)
+        hiprtc.hiprtcGetCode(prog, buffer)
+        code = bytes(buffer)
+    hiprtc.hiprtcDestroyProgram(prog.createRef())
+    return code, {"ok": int(status) == 0, "elf": code[:4] == b"\\x7fELF", "has": symbol.encode() in code,
+                  "local": b".nv.local." in code, "log": log.rstrip(b"\\0").decode()[-3000:]}
+
+
 out = {}
 for factory, args in BUILDS:
     spec = getattr(kernels, factory)(*args)
     flags = ["--offload-arch=sm_90", "-O3", *spec.options("sm_90")]  # as runtime.compiler._compile
-    status, prog = hiprtc.hiprtcCreateProgram(translation_unit(spec.source).encode(), spec.symbol.encode(),
-                                              0, [], [])
-    (status,) = hiprtc.hiprtcCompileProgram(prog, len(flags), [f.encode() for f in flags])
-    _, log_size = hiprtc.hiprtcGetProgramLogSize(prog)
-    log = bytearray(log_size)
-    hiprtc.hiprtcGetProgramLog(prog, log)
-    code = b""
-    if int(status) == 0:
-        _, size = hiprtc.hiprtcGetCodeSize(prog)
-        buffer = bytearray(size)
-        hiprtc.hiprtcGetCode(prog, buffer)
-        code = bytes(buffer)
-    hiprtc.hiprtcDestroyProgram(prog.createRef())
+    code, r = build(translation_unit(spec.source), spec.symbol, flags)
     path = OUT + "/" + spec.symbol + ".cubin"
     open(path, "wb").write(code)
-    out[spec.symbol] = {"ok": int(status) == 0, "elf": code[:4] == b"\\x7fELF", "has": spec.symbol.encode() in code,
-                        "local": b".nv.local." in code, "log": log.rstrip(b"\\0").decode()[-3000:], "path": path}
-# scripts/sm90_wgmma_probe.cu (wgmma needs sm_90a): the probe must keep building.
-import importlib.util, sys
+    out[spec.symbol] = {**r, "path": path}
+# scripts/sm90_wgmma_probe.cu (wgmma needs sm_90a): the script's default build and its option.
 spec_ = importlib.util.spec_from_file_location("wgmma_probe", REPO + "/scripts/sm90_wgmma_probe.py")
 probe = importlib.util.module_from_spec(spec_)
 spec_.loader.exec_module(probe)
 source = probe.probe_source()
-for variant, defines in (("", []), (" rolled", ["-DPROBE_ROLLED=1"])):  # the script's default build and its option
-    flags = ["--offload-arch=sm_90a", "-O3", *defines]
-    status, prog = hiprtc.hiprtcCreateProgram(source.encode(), probe.SYMBOL.encode(), 0, [], [])
-    (status,) = hiprtc.hiprtcCompileProgram(prog, len(flags), [f.encode() for f in flags])
-    _, log_size = hiprtc.hiprtcGetProgramLogSize(prog)
-    log = bytearray(log_size)
-    hiprtc.hiprtcGetProgramLog(prog, log)
-    code = b""
-    if int(status) == 0:
-        _, size = hiprtc.hiprtcGetCodeSize(prog)
-        buffer = bytearray(size)
-        hiprtc.hiprtcGetCode(prog, buffer)
-        code = bytes(buffer)
-    hiprtc.hiprtcDestroyProgram(prog.createRef())
-    out[probe.SYMBOL + variant] = {"ok": int(status) == 0, "elf": code[:4] == b"\\x7fELF",
-                                   "has": probe.SYMBOL.encode() in code, "local": b".nv.local." in code,
-                                   "log": log.rstrip(b"\\0").decode()[-3000:], "path": "", "shared": probe.SHARED}
+for variant, defines in (("", []), (" rolled", ["-DPROBE_ROLLED=1"])):
+    _, r = build(source, probe.SYMBOL, ["--offload-arch=sm_90a", "-O3", *defines])
+    out[probe.SYMBOL + variant] = {**r, "path": "", "shared": probe.SHARED}
 print(json.dumps(out))
 """
 
