@@ -222,23 +222,28 @@ def hip_src_dir() -> Path:
     return Path(__file__).resolve().parent.parent / "hip_src"
 
 
-def translation_unit(source: str) -> str:
+def translation_unit(source: str, text: str | None = None) -> str:
     """``source`` (a path under :func:`hip_src_dir`) with every ``#include "..."``
     replaced by the file it names, recursively, each file once (so ``#pragma once``
     lines are blanked). Include names are relative to ``hip_src``. ``#line``
-    directives keep compiler messages pointing at the original files."""
+    directives keep compiler messages pointing at the original files. With ``text``,
+    that is the top file's content (a probe kept outside hip_src, named ``source``)."""
     root = hip_src_dir()
     seen: set[str] = set()
     out: list[str] = []
 
     def emit(name: str, included_from: str | None) -> None:
         path = root / name
-        if not path.is_file():
+        if included_from is None and text is not None:
+            content = text
+        elif path.is_file():
+            content = path.read_text()
+        else:
             where = f" (included from {included_from})" if included_from else ""
             raise FileNotFoundError(f"source: no file {name!r} under {root}{where}")
         seen.add(name)
         out.append(f'#line 1 "{name}"')
-        for number, line in enumerate(path.read_text().splitlines(), start=1):
+        for number, line in enumerate(content.splitlines(), start=1):
             include = _INCLUDE.match(line)
             if include:
                 child = include.group(1)

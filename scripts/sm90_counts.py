@@ -11,9 +11,13 @@ running max moved, the running max's shuffle chain, a paged cache's page-table r
 named by what it holds), the straight path a warp runs on most tiles, and that path per
 token (x 8 warps / 32 tokens), with the instruction mix.
 
-    python3 scripts/sm90_counts.py [--formats mxfp4,fp8,bf16] [--src DIR] [--mix]
+    python3 scripts/sm90_counts.py [--formats mxfp4,fp8,bf16] [--src DIR] [--mix] [--cost]
 
-``--src`` counts another hip_src tree (a trial change) with this tree's Python.
+``--src`` counts another hip_src tree (a trial change) with this tree's Python. ``--cost``
+prices the straight path with the issue cycles that ``scripts/sm90_mma_rate.py`` measured
+on the H200 (ISSUE_CYCLES below): the scheduler time of a warp's tile, and the share of the
+read bandwidth that time allows at most at 256 x 8k (a bound from the instruction mix, not
+a measurement of the kernel).
 Needs nvcc and cuobjdump (``pip install nvidia-cuda-cuobjdump``; hipmla.nvidia.find_cuda_tool).
 """
 from __future__ import annotations
@@ -32,6 +36,46 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from hipmla import kernels, nvidia  # noqa: E402
 
 WARPS, TILE = 8, 32  # split_sm90.hip: 8 warps split a 32-token tile's dimensions
+
+#: Cycles of its scheduler that one warp-instruction takes when every scheduler runs 4 warps
+#: (two 8-warp blocks an SM), by opcode prefix, the first match counting: measured by
+#: scripts/sm90_mma_rate.py on the H200 (2026-12-03, clock64 cycles, 4 independent chains a
+#: warp; scripts/results/h200-2026-12-03-sm90-mma-rate.txt). An HMMA or MOVM blocks its
+#: scheduler: an HMMA.16816 with 4 lop3 took 11.8 cycles, the two alone 4.9 and 6.3, so the
+#: costs add (a lop3 beside an IMAD overlaps a little: 8 of them mixed 8.8, alone 12.7 / 12.0).
+#: Opcodes marked "alu" were not measured and take the lop3 figure; anything else (loads,
+#: stores, branches, barriers) counts one issue cycle: their latency and the shared-memory
+#: bandwidth are not in this model.
+ISSUE_CYCLES: tuple[tuple[str, float, str], ...] = (
+    ("HMMA.16816", 4.76, "tensor"), ("HMMA.1688", 3.53, "tensor"), ("MOVM", 3.16, "tensor"),
+    ("MUFU", 5.91, "mufu/shfl"), ("SHFL", 3.16, "mufu/shfl"),
+    ("IMAD", 1.50, "imad"), ("HFMA2", 1.13, "fma"), ("HMUL2", 1.13, "fma"), ("HADD2", 1.13, "fma"),
+    ("FFMA", 0.90, "fma"), ("FADD", 0.90, "fma"), ("FMUL", 0.90, "fma"),
+    ("LOP3", 1.59, "alu"), ("SHF", 1.59, "alu"), ("PRMT", 1.59, "alu"),
+    *((op, 1.59, "alu") for op in ("ISETP", "FSETP", "SEL", "FSEL", "LEA", "IADD3", "VIADD", "VIMNMX", "VOTE", "F2FP")),
+)
+#: The 256 x 8k benchmark shape on the H200: warp-tiles a scheduler runs (2^21 tokens over 132
+#: SMs, 32-token tiles of 8 warps, 4 schedulers), the SM clock Nsight Compute reported for
+#: the kernel (1.78 GHz) and the read bandwidth of the bench runs (4.1 TB/s).
+WARP_TILES_PER_SCHEDULER = 256 * 8192 / 132 / TILE * WARPS / 4
+CLOCK_HZ, READ_BYTES_PER_S = 1.78e9, 4.1e12
+ROW_BYTES = {"bf16": 1152, "fp8": 576, "mxfp4": 288 + 18}  # what a token of the cache reads
+
+
+def issue_cycles(mix: Counter) -> dict[str, float]:
+    """Scheduler cycles of a straight path by kind (ISSUE_CYCLES), with "other" at 1 a warp-instruction."""
+    out: dict[str, float] = {}
+    for op, n in mix.items():
+        cost, kind = next(((c, k) for prefix, c, k in ISSUE_CYCLES if op.startswith(prefix)), (1.0, "other"))
+        out[kind] = out.get(kind, 0.0) + cost * n
+    return out
+
+
+def byte_cycles(kv_format: str) -> float:
+    """Scheduler cycles a warp-tile may take for 256 x 8k to run at the read bandwidth: a
+    tile that issues for longer caps the kernel at that share of it."""
+    return ROW_BYTES[kv_format] * 256 * 8192 / READ_BYTES_PER_S * CLOCK_HZ / WARP_TILES_PER_SCHEDULER
+
 
 _LINE = re.compile(r"^\s+/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;")
 _BRANCH = re.compile(r"^(?:@!?U?P\w+\s+)?BRA\s+(?:0x)?([0-9a-f]+)")
@@ -159,6 +203,7 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--formats", default="bf16,fp8,mxfp4")
     ap.add_argument("--src", type=Path, default=None, help="a hip_src tree to count instead of this one")
     ap.add_argument("--mix", action="store_true", help="print the straight path's opcodes")
+    ap.add_argument("--cost", action="store_true", help="price the straight path with the H200's measured issue cycles")
     args = ap.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
         for fmt in args.formats.split(","):
@@ -170,6 +215,15 @@ def main(argv: list[str]) -> int:
                   f"(HMMA {sum(v for k, v in c.mix.items() if k.startswith('HMMA'))}, MOVM {c.mix['MOVM.16.MT88']})")
             if args.mix:
                 print("       " + ", ".join(f"{op} {n}" for op, n in c.mix.most_common()))
+            if args.cost:
+                by = issue_cycles(c.mix)
+                total = sum(by.values())
+                parts = ", ".join(f"{k} {v:.0f}" for k, v in sorted(by.items(), key=lambda kv: -kv[1]))
+                budget = byte_cycles(fmt)
+                print(f"       issue model: {total:.0f} scheduler cycles a warp and tile ({parts}); at 256x8k "
+                      f">= {total * WARP_TILES_PER_SCHEDULER / CLOCK_HZ * 1e6:.0f} us, at most "
+                      f"{100 * min(1.0, budget / total):.0f}% of the read bandwidth; the tile's bytes take "
+                      f"{budget:.0f} cycles at it, the tensor part alone {by.get('tensor', 0.0):.0f}")
     return 0
 
 

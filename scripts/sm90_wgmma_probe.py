@@ -29,10 +29,8 @@ from __future__ import annotations
 
 import argparse
 import ctypes
-import shutil
 import statistics
 import sys
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -55,17 +53,7 @@ class ProbeParams(ctypes.Structure):
 
 def probe_source() -> str:
     """The probe as one translation unit (its includes inlined from this tree's hip_src)."""
-    find_sources = kernels.hip_src_dir
-    with tempfile.TemporaryDirectory() as tmp:
-        root = Path(tmp) / "hip_src"
-        shutil.copytree(find_sources(), root)
-        (root / "probe").mkdir()
-        shutil.copy(Path(__file__).with_suffix(".cu"), root / "probe" / "wgmma.hip")
-        kernels.hip_src_dir = lambda: root
-        try:
-            return kernels.translation_unit("probe/wgmma.hip")
-        finally:
-            kernels.hip_src_dir = find_sources
+    return kernels.translation_unit("probe/wgmma.hip", Path(__file__).with_suffix(".cu").read_text())
 
 
 ABLATIONS = {1: "no V stores", 2: "no P.V wgmma", 3: "no Q.K wgmma", 4: "no dequantization"}

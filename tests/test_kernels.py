@@ -123,6 +123,16 @@ def test_translation_unit_inlines_each_header_once():
         assert spec.symbol in tu or "HIPMLA_SPLIT_NAME" in tu
 
 
+def test_translation_unit_of_a_probe_outside_hip_src():
+    """text= is the top file (a script's probe, named as if under hip_src); its includes
+    still resolve under hip_src, each once."""
+    tu = translation_unit("probe/p.hip", '#include "params.h"\n#include "common/config.h"\nint probe_marker;\n')
+    assert tu.startswith('#line 1 "probe/p.hip"') and "int probe_marker;" in tu
+    assert tu.count("struct MlaDecodeParams {") == 1 and '#include "' not in tu
+    with pytest.raises(FileNotFoundError, match="nope.h"):
+        translation_unit("probe/p.hip", '#include "nope.h"\n')
+
+
 # --------------------------------------------------------------------- struct layout
 
 

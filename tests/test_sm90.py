@@ -121,6 +121,16 @@ source = probe.probe_source()
 for variant, defines in (("", []), (" rolled", ["-DPROBE_ROLLED=1"])):
     _, r = build(source, probe.SYMBOL, ["--offload-arch=sm_90a", "-O3", *defines])
     out[probe.SYMBOL + variant] = {**r, "path": "", "shared": probe.SHARED}
+# scripts/sm90_mma_rate.cu: every tensor instruction, and every extra-instruction kind beside one.
+spec_ = importlib.util.spec_from_file_location("mma_rate", REPO + "/scripts/sm90_mma_rate.py")
+rate = importlib.util.module_from_spec(spec_)
+spec_.loader.exec_module(rate)
+source = rate.source()
+for op in rate.OPS:
+    for kind in range(len(rate.KINDS)) if op == 0 else (0,):
+        _, r = build(source, rate.SYMBOL, ["--offload-arch=sm_90a", "-O3", f"-DRATE_OP={op}", "-DRATE_ALU=2",
+                                           f"-DRATE_ALU_KIND={kind}", "-DRATE_ALU2=1", "-DRATE_ALU_KIND2=3"])
+        out[f"{rate.SYMBOL} {op} {kind}"] = {**r, "path": ""}
 print(json.dumps(out))
 """
 
@@ -166,6 +176,22 @@ def test_wgmma_probe_compiles_for_sm_90a(nvrtc_builds):
     # (with less the kernel traps; the first H200 run, with less, faulted).
     text = (REPO / "scripts" / "sm90_wgmma_probe.cu").read_text()
     assert f"static_assert(sizeof(Smem) == {r['shared']}," in text
+
+
+def rate_kinds() -> tuple[str, ...]:
+    return _script("sm90_mma_rate").KINDS
+
+
+@needs_nvrtc
+def test_mma_rate_probe_compiles_for_sm_90a(nvrtc_builds):
+    """scripts/sm90_mma_rate.cu (the issue cycles behind sm90_counts.py's cost model) builds
+    for every tensor instruction and every extra-instruction kind, without local memory."""
+    names = [name for name in nvrtc_builds if name.startswith("hipmla_probe_mma_rate ")]
+    assert len(names) == 4 + len(rate_kinds())  # ops 1..4 with lop3, op 0 with each kind
+    for name in names:
+        r = nvrtc_builds[name]
+        assert r["ok"] and r["elf"] and r["has"], f"{name}:\n{r['log']}"
+        assert not r["local"], name
 
 
 @needs_nvrtc
@@ -292,6 +318,20 @@ def test_sm90_counts_finds_the_tile_loop_and_its_skipped_blocks():
     assert c.mix["HMMA.16816.F32.BF16"] == 2 and c.mix["MOVM.16.MT88"] == 1
     with pytest.raises(ValueError, match="not in the disassembly"):
         counts.parse(SYNTHETIC_SASS, "other")
+
+
+def test_sm90_counts_cost_model_prices_each_kind():
+    """--cost: the loop above is 2 HMMA.16816 + 1 MOVM (tensor), 2 FMUL (fma), 1 SHFL and
+    2 BRA (one issue cycle each, "other"), priced with ISSUE_CYCLES; the byte budget of a
+    tile scales with the bytes a token reads."""
+    counts = _script("sm90_counts")
+    by = counts.issue_cycles(counts.count(SYNTHETIC_SASS, "k").mix)
+    price = {prefix: cost for prefix, cost, _ in counts.ISSUE_CYCLES}
+    assert by["tensor"] == pytest.approx(2 * price["HMMA.16816"] + price["MOVM"])
+    assert by["fma"] == pytest.approx(2 * price["FMUL"]) and by["mufu/shfl"] == pytest.approx(price["SHFL"])
+    assert by["other"] == 2.0 and set(by) == {"tensor", "fma", "mufu/shfl", "other"}
+    assert counts.byte_cycles("bf16") == pytest.approx(2 * counts.byte_cycles("fp8"))
+    assert counts.byte_cycles("mxfp4") / counts.byte_cycles("fp8") == pytest.approx(306 / 576)
 
 
 @pytest.mark.skipif(nvidia.find_cuda_tool("nvcc") is None or nvidia.find_cuda_tool("cuobjdump") is None,

@@ -177,6 +177,14 @@
 // 255 registers allow one block anyway: 8 warps an SM, 0.59 eligible warps a scheduler,
 // L1/TEX throughput 65%; its hot loop alone took 473 us (455 with its chunk loop rolled)
 // for the bytes of 256 x 8k, this whole kernel 464.
+// The bound (H200, 2026-12-03, scripts/sm90_mma_rate.py; scripts/sm90_counts.py --cost):
+// with 4 warps a scheduler an HMMA.16816 takes its scheduler 4.8 cycles, HMMA.1688 3.5,
+// MOVM 3.2, lop3 / shift 1.6, IMAD 1.5, bf16x2 fma 1.1, and an HMMA does not overlap the
+// others (HMMA + 4 lop3: 11.8 cycles, 4.9 + 6.3 alone). Priced so, a warp's tile issues for
+// 718 (mxfp4) / 663 (fp8) / 436 (bf16) cycles, the tensor part (mma + transposes) 268 of
+// them; the kernel runs at 87% / 85% of that at 256 x 8k, and the tile's bytes at 4.1 TB/s
+// leave 281 / 528 / 1056 cycles: issue caps mxfp4 at 39% and fp8 at 80% of the read
+// bandwidth, and the tensor part alone takes 268 of mxfp4's 281.
 #include "params.h"
 #include "common/config.h"
 #include "common/numerics.h"
