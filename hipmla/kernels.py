@@ -276,7 +276,7 @@ def sm90_shared_bytes(kv_format: str) -> int:
     tile, warps, heads, scales = SM90_TILE_TOKENS, SM90_THREADS // 32, HEADS, D_QK // 32
     row_bytes = {"bf16": 2 * D_QK, "fp8": D_QK, "mxfp4": D_QK // 2}[kv_format]
     row_stride = row_bytes + 16 if kv_format == "bf16" else row_bytes
-    stages = {"bf16": 2, "fp8": 4, "mxfp4": 6}[kv_format]
+    stages = {"bf16": 2, "fp8": 4, "mxfp4": 4}[kv_format]
     mult = tile * scales * 4 if kv_format == "mxfp4" else 16
     stage = -(-(tile * row_stride + mult) // 128) * 128  # stages on 128-byte lines
     red = warps * heads * 40 * 4  # larger than the schedule's scan, which shares it

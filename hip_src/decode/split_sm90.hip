@@ -38,7 +38,7 @@
 //         (token pair, dim): 1 instruction per register instead of a second dequantization.
 //         O (16 x 64 f32 per warp, 32 per lane) never leaves registers; alpha rescales it
 //         (skipped when every alpha of the tile is 1).
-// Copies: a ring of STAGES tiles (bf16 2, fp8 4, mxfp4 6) filled by cp.async.cg (16 B, with
+// Copies: a ring of STAGES tiles (bf16 2, fp8 and mxfp4 4) filled by cp.async.cg (16 B, with
 // zero fill for rows past the item) one ring ahead: tile + STAGES is issued right after the
 // softmax -> P.V barrier of tile, in the same straight code as tile's P.V (issued at the top
 // of the next tile instead, the two ran one after the other). Thread (row tid / 8, chunks
@@ -89,7 +89,7 @@
 // (256, 2) -- two blocks, 16 warps per SM.
 //
 // Budget (nvcc 13.0 / ptxas, sm_90): registers <= 128 in every format (the cap of 2 blocks
-// per SM), no stack, no spills; dynamic shared memory 96,768 / 96,000 / 90,880 B. The path
+// per SM), no stack, no spills; dynamic shared memory 96,768 / 96,000 / 67,840 B. The path
 // a warp runs on most tiles (no O rescale, no max chain, a contiguous cache's rows;
 // scripts/sm90_counts.py counts it from the SASS) is bf16 202, fp8 366, mxfp4 404
 // instructions, i.e. x 8 warps / 32 tokens = 50.5 / 91.5 / 101.0 warp-instructions a
@@ -185,6 +185,14 @@
 // them; the kernel runs at 87% / 85% of that at 256 x 8k, and the tile's bytes at 4.1 TB/s
 // leave 281 / 528 / 1056 cycles: issue caps mxfp4 at 39% and fp8 at 80% of the read
 // bandwidth, and the tensor part alone takes 268 of mxfp4's 281.
+// Tried and dropped (H200, 2026-12-03, A/B in one process, L2 flushed, all builds through
+// their self-test, sanitizer-clean; scripts/results/h200-2026-12-03-sm90-stages-vstage.txt):
+// V through each warp's own bf16 stage in shared memory (8 st.shared.v4 of the K' registers
+// after Q.K, 8 ldmatrix.x4.trans as P.V's B operands, 128-byte rows with the chunk XOR the
+// row) instead of the 32 movmatrix. The issue model above said 718 -> 639 cycles (mxfp4),
+// 663 -> 574 (fp8); the kernel ran 455.8 -> 491.6 us (mxfp4 256 x 8k, both on 4 stages) and
+// 437.2 -> 465.5 (fp8, 3 stages): the 64 more shared-memory wavefronts a warp and tile cost
+// more than the transposes' issue cycles (the model leaves the shared-memory pipe out).
 #include "params.h"
 #include "common/config.h"
 #include "common/numerics.h"
@@ -237,7 +245,10 @@ constexpr int LINE = 128;                           // bytes of a shared-memory 
 constexpr bool ROTATE = !MXFP4;                     // copies rotated onto whole lines (issue_tile)
 constexpr int NO_WRAP = (CHUNKS - 7) / 8;           // copies c with 14 + 8 c < CHUNKS (first <= 14)
 constexpr int SCALES = D_QK / MX_BLOCK;             // 18 E8M0 per row
-constexpr int STAGES = KV == FORMAT_BF16 ? 2 : FP8 ? 4 : 6;
+// mxfp4 had 6 until 2026-12-03: 4 measured 2.0-2.6% faster on the large shapes (H200, A/B in
+// one process, scripts/results/h200-2026-12-03-sm90-stages-vstage.txt), 3 the same as 4, 5
+// the same as 6.
+constexpr int STAGES = KV == FORMAT_BF16 ? 2 : 4;
 // With 4+ stages the wait for tile + 1 moves to the barrier before P.V (2 barriers a tile);
 // bf16's 2 stages keep it at the top of the loop, a whole tile after the copies were issued.
 constexpr bool EARLY_WAIT = STAGES >= 4;
