@@ -17,7 +17,8 @@ token (x 8 warps / 32 tokens), with the instruction mix.
 prices the straight path with the issue cycles that ``scripts/sm90_mma_rate.py`` measured
 on the H200 (ISSUE_CYCLES below): the scheduler time of a warp's tile, and the share of the
 read bandwidth that time allows at most at 256 x 8k (a bound from the instruction mix, not
-a measurement of the kernel).
+a measurement of the kernel), and how busy the shared memory would be meanwhile (its
+wavefronts at best, SMEM_WAVEFRONTS).
 Needs nvcc and cuobjdump (``pip install nvidia-cuda-cuobjdump``; hipmla.nvidia.find_cuda_tool).
 """
 from __future__ import annotations
@@ -54,6 +55,17 @@ ISSUE_CYCLES: tuple[tuple[str, float, str], ...] = (
     ("LOP3", 1.59, "alu"), ("SHF", 1.59, "alu"), ("PRMT", 1.59, "alu"),
     *((op, 1.59, "alu") for op in ("ISETP", "FSETP", "SEL", "FSEL", "LEA", "IADD3", "VIADD", "VIMNMX", "VOTE", "F2FP")),
 )
+#: Shared-memory wavefronts (128 bytes each, the SM's shared memory serving about one a
+#: cycle) a warp-instruction takes at best, without bank conflicts, by opcode prefix: the
+#: one resource beside issue that the tile loop loads heavily. Moving V through shared
+#: memory (8 STS.128 + 8 LDSM.x4 for 32 MOVM) cut the issue model by 11-13% and ran 6-8%
+#: slower on the H200 (fp8, mxfp4), with these wavefronts at 107% / 93% of the issue time
+#: (the kernel as it is: 54% / 48%).
+SMEM_WAVEFRONTS: tuple[tuple[str, int], ...] = (
+    ("LDSM.16.MT88.4", 4), ("LDSM.16.M88.4", 4), ("LDSM.16.MT88.2", 2), ("LDSM.16.M88.2", 2), ("LDSM", 1),
+    ("LDS.128", 4), ("LDS.64", 2), ("LDS", 1), ("STS.128", 4), ("STS.64", 2), ("STS", 1),
+    ("LDGSTS.E.BYPASS.128", 4), ("LDGSTS.E.128", 4), ("LDGSTS.E.BYPASS.64", 2), ("LDGSTS", 1),
+)
 #: The 256 x 8k benchmark shape on the H200: warp-tiles a scheduler runs (2^21 tokens over 132
 #: SMs, 32-token tiles of 8 warps, 4 schedulers), the SM clock Nsight Compute reported for
 #: the kernel (1.78 GHz) and the read bandwidth of the bench runs (4.1 TB/s).
@@ -69,6 +81,18 @@ def issue_cycles(mix: Counter) -> dict[str, float]:
         cost, kind = next(((c, k) for prefix, c, k in ISSUE_CYCLES if op.startswith(prefix)), (1.0, "other"))
         out[kind] = out.get(kind, 0.0) + cost * n
     return out
+
+
+def smem_wavefronts(mix: Counter) -> int:
+    """Shared-memory wavefronts of a straight path at best (SMEM_WAVEFRONTS)."""
+    return sum(n * next((w for prefix, w in SMEM_WAVEFRONTS if op.startswith(prefix)), 0) for op, n in mix.items())
+
+
+def smem_share(mix: Counter, cycles: float) -> float:
+    """How busy the SM's shared memory is (one wavefront a cycle) while a scheduler issues
+    ``cycles`` for each of its 4 warps' tiles: the SM's 16 warps' wavefronts over 4 cycles."""
+    warps_per_sm, warps_per_scheduler = 2 * WARPS, 2 * WARPS // 4
+    return warps_per_sm * smem_wavefronts(mix) / (warps_per_scheduler * cycles) if cycles else 0.0
 
 
 def byte_cycles(kv_format: str) -> float:
@@ -223,7 +247,9 @@ def main(argv: list[str]) -> int:
                 print(f"       issue model: {total:.0f} scheduler cycles a warp and tile ({parts}); at 256x8k "
                       f">= {total * WARP_TILES_PER_SCHEDULER / CLOCK_HZ * 1e6:.0f} us, at most "
                       f"{100 * min(1.0, budget / total):.0f}% of the read bandwidth; the tile's bytes take "
-                      f"{budget:.0f} cycles at it, the tensor part alone {by.get('tensor', 0.0):.0f}")
+                      f"{budget:.0f} cycles at it, the tensor part alone {by.get('tensor', 0.0):.0f}; "
+                      f"shared memory: {smem_wavefronts(c.mix)} wavefronts a warp and tile at best, "
+                      f"busy {100 * smem_share(c.mix, total):.0f}% of that issue time")
     return 0
 
 

@@ -332,6 +332,11 @@ def test_sm90_counts_cost_model_prices_each_kind():
     assert by["other"] == 2.0 and set(by) == {"tensor", "fma", "mufu/shfl", "other"}
     assert counts.byte_cycles("bf16") == pytest.approx(2 * counts.byte_cycles("fp8"))
     assert counts.byte_cycles("mxfp4") / counts.byte_cycles("fp8") == pytest.approx(306 / 576)
+    # Shared memory: none in that loop; 16-, 8- and 4-byte accesses are 4, 2 and 1 wavefronts.
+    assert counts.smem_wavefronts(counts.count(SYNTHETIC_SASS, "k").mix) == 0
+    mix = counts.Counter({"LDS.128": 2, "STS.64": 1, "LDSM.16.MT88.4": 1, "LDS.U8": 3, "LDGSTS.E.BYPASS.128": 1})
+    assert counts.smem_wavefronts(mix) == 2 * 4 + 2 + 4 + 3 + 4
+    assert counts.smem_share(mix, 84.0) == pytest.approx(16 * 21 / (4 * 84.0))
 
 
 @pytest.mark.skipif(nvidia.find_cuda_tool("nvcc") is None or nvidia.find_cuda_tool("cuobjdump") is None,
