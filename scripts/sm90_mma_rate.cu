@@ -61,7 +61,8 @@ HIPMLA_DEVICE void wgmma_ss(float (&d)[8], unsigned long long a, unsigned long l
 #endif
 
 // One extra instruction of kind K on chain value x. The shared-memory kinds take a fixed
-// address (a lane's 16 bytes, conflict-free) instead: they stand alone, no address math.
+// address (lane l at 16 l: 4 wavefronts for every width, the 4- and 8-byte ones bank-
+// conflicted) instead: they stand alone, no address math.
 template <int K>
 HIPMLA_DEVICE unsigned extra(unsigned x, unsigned a, unsigned b, unsigned addr) {
     unsigned r, r1, r2, r3;
@@ -98,14 +99,25 @@ HIPMLA_DEVICE unsigned extra(unsigned x, unsigned a, unsigned b, unsigned addr) 
 }  // namespace rate
 
 struct RateParams {
-    long long* cycles;  // [block][warp]: clock64 cycles of the warp's loop
+    long long* stamps;  // [block][warp][5]: clock64 and %globaltimer before and after the loop, %smid
     float* sink;        // keeps the accumulators
     int iters;
 };
 
+HIPMLA_DEVICE long long global_ns() {
+    long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(t));
+    return t;
+}
+HIPMLA_DEVICE unsigned sm_id() {
+    unsigned r;
+    asm("mov.u32 %0, %%smid;\n" : "=r"(r));
+    return r;
+}
+
 extern "C" __global__ void __launch_bounds__(256) hipmla_probe_mma_rate(const RateParams p) {
     using namespace rate;
-    long long* cycles = p.cycles;
+    long long* stamps = p.stamps;
     float* sink = p.sink;
     const int iters = p.iters;
     __shared__ __align__(1024) unsigned char smem[32768];
@@ -130,6 +142,7 @@ extern "C" __global__ void __launch_bounds__(256) hipmla_probe_mma_rate(const Ra
 #pragma unroll
         for (int e = 0; e < int(sizeof(d[0]) / 4); ++e) d[c][e] = 0.0f;
     __syncthreads();
+    const long long g0 = global_ns();
     const long long t0 = clock64();
 #pragma unroll 1
     for (int it = 0; it < iters; ++it) {
@@ -159,7 +172,15 @@ extern "C" __global__ void __launch_bounds__(256) hipmla_probe_mma_rate(const Ra
 #endif
     }
     const long long t1 = clock64();
-    if ((tid & 31) == 0) cycles[blockIdx.x * (blockDim.x / 32) + tid / 32] = t1 - t0;
+    const long long g1 = global_ns();
+    if ((tid & 31) == 0) {
+        long long* st = stamps + 5 * (blockIdx.x * (blockDim.x / 32) + tid / 32);
+        st[0] = t0;
+        st[1] = t1;
+        st[2] = g0;
+        st[3] = g1;
+        st[4] = sm_id();
+    }
     float s = 0.0f;
 #pragma unroll
     for (int c = 0; c < CHAINS; ++c)

@@ -7,19 +7,21 @@ and side by side.
 Not a library kernel (``scripts/sm90_mma_rate.cu``): every warp issues ``--iters`` rounds
 of CHAINS independent tensor-core instructions, each followed by RATE_ALU instructions of
 one kind (and RATE_ALU2 of a second), on arbitrary operands, one or two 8-warp blocks an
-SM, all SMs. Reported: device time (CUDA events), dense TFLOP/s, and from clock64 the
-cycles a round takes per scheduler (a scheduler runs 2 warps of each block; a wgmma round
-is a warp's quarter of the instruction). ``scripts/sm90_counts.py --cost`` prices the
+SM (64 KiB of dynamic shared memory a block keeps it at two), all SMs. Reported: device
+time (CUDA events), dense TFLOP/s, the cycles a round takes a scheduler (each SM's clock64
+span, first warp in to last warp out, over the rounds its 4 schedulers issue; a wgmma round
+is a warp's quarter of the instruction), and the SM clock (clock64 against %globaltimer). ``scripts/sm90_counts.py --cost`` prices the
 kernel's tile loop with these figures (its ISSUE_CYCLES).
 
     python3 scripts/sm90_mma_rate.py [--iters 4096]
 
 Measured on the H200 (2026-12-03, scripts/results/h200-2026-12-03-sm90-mma-rate.txt), cycles
-a warp-instruction with 4 warps a scheduler: HMMA.16816 4.6-4.9 (615 TFLOP/s), HMMA.1688
-3.5, MOVM 3.2, LOP3 / SHF / PRMT 1.6, IMAD 1.5, HFMA2 1.1, FFMA / FADD 0.9, MUFU.EX2 5.9,
-SHFL 3.2, shared-memory accesses of 4 wavefronts 12; an HMMA adds to the others (with 4
-lop3 11.8, alone 4.9 + 6.3); a wgmma m64n16k16 (RS) quarter 13.0 alone, 18.4 beside 8 lop3
-(which alone take 12.7): it overlaps them.
+of a scheduler a warp-instruction with 4 warps a scheduler (clock64 over each SM's span;
+the SM clock 1.98 GHz for ALU work, 1.80 with the tensor cores busy): HMMA.16816 6.2-6.7
+(615 TFLOP/s), HMMA.1688 4.3, MOVM and SHFL 4.0, LOP3 / SHF / PRMT 2.06, IMAD 2.0, HFMA2
+1.17, FFMA / FADD 1.1, MUFU.EX2 8.0, shared-memory accesses 4 a wavefront; an HMMA adds to
+the others (with 4 lop3 13.6, alone 6.7 + 8.3); a wgmma m64n16k16 (RS) quarter 13.0 alone,
+24.3 beside 8 lop3 (which alone take 16.5): it overlaps them in part.
 """
 from __future__ import annotations
 
@@ -45,7 +47,25 @@ KINDS = ("lop3", "hfma2", "shr", "imad", "movmatrix", "ffma", "prmt", "fadd", "l
 
 
 class RateParams(ctypes.Structure):
-    _fields_ = [("cycles", ctypes.c_void_p), ("sink", ctypes.c_void_p), ("iters", ctypes.c_int)]
+    _fields_ = [("stamps", ctypes.c_void_p), ("sink", ctypes.c_void_p), ("iters", ctypes.c_int)]
+
+
+#: Dynamic shared memory a block asks for beside its 32 KiB static: at most two blocks fit
+#: an SM (2 x 97 KiB of 228), so "2 blocks an SM" cannot become 3 or 4 on some SMs.
+PAD_SHARED = 64 * 1024
+
+
+def sm_spans(stamps: np.ndarray) -> tuple[float, float, int, int]:
+    """(median over SMs of the SM's clock64 span / its warps, SM clock in GHz from clock64
+    against %globaltimer, fewest and most warps an SM ran) from [warp][t0, t1, g0, g1, smid]."""
+    spans, clocks, counts = [], [], []
+    for sm in np.unique(stamps[:, 4]):
+        w = stamps[stamps[:, 4] == sm]
+        span = float(w[:, 1].max() - w[:, 0].min())
+        spans.append(span / len(w))
+        clocks.append(span / float(w[:, 3].max() - w[:, 2].min()))
+        counts.append(len(w))
+    return float(np.median(spans)), float(np.median(clocks)), min(counts), max(counts)
 
 
 def source() -> str:
@@ -74,26 +94,29 @@ def main(argv: list[str]) -> int:
         (2, 4, (0, 0), (0, 0), 2), (2, 8, (0, 0), (0, 0), 2), (2, 4, (4, 0), (0, 0), 2), (2, 4, (8, 0), (0, 0), 2),
         (2, 4, (8, 3), (0, 0), 2), (2, 4, (8, 5), (0, 0), 2), (2, 4, (4, 4), (0, 0), 2), (2, 4, (4, 0), (4, 3), 2),
         (3, 4, (0, 0), (0, 0), 2)]
-    print(f"{'instruction':>20} {'chains':>6} {'extra':>20} {'blocks/SM':>9} {'us':>8} {'TFLOP/s':>8} {'cycles/round/scheduler':>22}")
+    print(f"{'instruction':>20} {'chains':>6} {'extra':>20} {'blocks/SM':>9} {'us':>8} {'TFLOP/s':>8} {'cycles/round/scheduler':>22} {'GHz':>6}")
     for op, chains, (alu, kind), (alu2, kind2), per_sm in cases:
         code = runtime.compile_source(src, SYMBOL, "sm_90a", [f"-DRATE_OP={op}", f"-DRATE_CHAINS={chains}",
                                                              f"-DRATE_ALU={alu}", f"-DRATE_ALU_KIND={kind}",
                                                              f"-DRATE_ALU2={alu2}", f"-DRATE_ALU_KIND2={kind2}"])
         fn = Module(code).function(SYMBOL)
         blocks = sms * per_sm
-        cyc = runtime.DeviceArray((blocks * 8,), np.int64)
+        cyc = runtime.DeviceArray((blocks * 8, 5), np.int64)
         sink = runtime.DeviceArray((blocks * 256,), np.float32)
         args_t = RateParams(cyc.ptr, sink.ptr, args.iters)
-        t = statistics.median(timer.time(lambda: fn.launch((blocks, 1, 1), (256, 1, 1), args_t, 0), 5, False))
+        t = statistics.median(timer.time(lambda: fn.launch((blocks, 1, 1), (256, 1, 1), args_t, PAD_SHARED), 5, False))
         name, flop = OPS[op]
         # A round: one tensor instruction a warp (wgmma: a warpgroup's, each warp issuing it
         # for its quarter of M) and `alu` extra instructions; a scheduler runs 2 warps a block.
         groups = blocks * (2 if op in (2, 3) else 8) * args.iters * chains
         tflops = 2 * flop * groups / (t * 1e-6) / 1e12
-        rounds = per_sm * 2 * args.iters * chains
-        c = float(np.median(cyc.to_host()))
+        # The SM's span (first warp in .. last warp out, clock64 cycles) over the rounds each
+        # scheduler issues: its warps / 4 (the SM's warps share 4 schedulers) x iters x chains.
+        span_per_warp, ghz, fewest, most = sm_spans(cyc.to_host())
+        per_round = span_per_warp * 4 / (args.iters * chains)
         extra = " + ".join(f"{n} {KINDS[k]}" for n, k in ((alu, kind), (alu2, kind2)) if n) or "-"
-        print(f"{name:>20} {chains:>6} {extra:>20} {per_sm:>9} {t:8.1f} {tflops:8.1f} {c / rounds:22.2f}")
+        note = "" if fewest == most == 8 * per_sm else f"  (warps an SM {fewest}..{most})"
+        print(f"{name:>20} {chains:>6} {extra:>20} {per_sm:>9} {t:8.1f} {tflops:8.1f} {per_round:22.2f} {ghz:6.2f}{note}")
     return 0
 
 

@@ -352,6 +352,35 @@ def test_sm90_counts_of_the_mxfp4_kernel(tmp_path):
     assert c.straight < c.loop and c.per_token == c.straight * 8 / 32
 
 
+# The SASS opcode each extra-instruction kind of scripts/sm90_mma_rate.cu must become.
+RATE_OPCODES = {"lop3": "LOP3", "hfma2": "HFMA2", "shr": "SHF", "imad": "IMAD", "movmatrix": "MOVM", "ffma": "FFMA",
+                "prmt": "PRMT", "fadd": "FADD", "lds.128": "LDS.128", "ldsm.x4.t+lop3": "LDSM.16.MT88.4",
+                "sts.128": "STS.128", "ex2": "MUFU.EX2", "lds.64": "LDS.64", "lds.32": "LDS", "sts.64": "STS.64",
+                "shfl": "SHFL"}
+
+
+@pytest.mark.skipif(nvidia.find_cuda_tool("nvcc") is None or nvidia.find_cuda_tool("cuobjdump") is None,
+                    reason="no nvcc / cuobjdump")
+def test_mma_rate_probe_issues_what_it_times(tmp_path):
+    """ptxas keeps every instruction the rate probe times: with 8 extra instructions of a
+    kind after each of 4 chains, the loop holds at least 32 of that kind's opcode (an
+    idempotent lop3 or a dead load it could drop would make the probe time nothing)."""
+    rate, counts = _script("sm90_mma_rate"), _script("sm90_counts")
+    tu = tmp_path / "rate.cu"
+    tu.write_text(rate.source())
+    nvcc, cuobjdump = nvidia.find_cuda_tool("nvcc"), nvidia.find_cuda_tool("cuobjdump")
+    assert set(RATE_OPCODES) == set(rate.KINDS)
+    for kind, name in enumerate(rate.KINDS):
+        cubin = tmp_path / f"k{kind}.cubin"
+        subprocess.run([nvcc, "-arch=sm_90a", "-cubin", "-O3", "-DRATE_OP=4", "-DRATE_CHAINS=4", "-DRATE_ALU=8",
+                        f"-DRATE_ALU_KIND={kind}", "-x", "cu", str(tu), "-o", str(cubin)], check=True, capture_output=True)
+        sass = subprocess.run([cuobjdump, "-sass", str(cubin)], check=True, capture_output=True, text=True).stdout
+        ops = [ins.opcode for ins in counts.parse(sass, rate.SYMBOL)]
+        want = RATE_OPCODES[name]
+        n = sum(op == want or op.startswith(want + ".") for op in ops)
+        assert n >= 32, f"{name}: {n} {want} in the probe"
+
+
 def test_every_ablation_variant_still_applies(tmp_path):
     """scripts/sm90_ablation.py edits copies of hip_src by exact text; an edit that no
     longer matches exactly once would only show on the H200. Every variant applies here."""

@@ -91,12 +91,12 @@
 // Budget (nvcc 13.0 / ptxas, sm_90): registers <= 128 in every format (the cap of 2 blocks
 // per SM), no stack, no spills; dynamic shared memory 96,768 / 96,000 / 67,840 B. The path
 // a warp runs on most tiles (no O rescale, no max chain, a contiguous cache's rows;
-// scripts/sm90_counts.py counts it from the SASS) is bf16 202, fp8 366, mxfp4 404
-// instructions, i.e. x 8 warps / 32 tokens = 50.5 / 91.5 / 101.0 warp-instructions a
+// scripts/sm90_counts.py counts it from the SASS; 2026-12-03) is bf16 202, fp8 358, mxfp4
+// 396 instructions, i.e. x 8 warps / 32 tokens = 50.5 / 89.5 / 99.0 warp-instructions a
 // token, of which 9 HMMA + 8 MOVM; the O rescale adds 32 (a tile that lowers alpha), the
 // max chain 19 (a tile that raises the running max), a paged cache's page-table read 15.
 // mxfp4's K dequantization (56 shifts and 48 lop3 for the 32 latent words, 2 multiplies and
-// 2 lop3 for each of the 4 rope words, 36 bf16x2 multiplies) is ~156 of the 404. Before
+// 2 lop3 for each of the 4 rope words, 36 bf16x2 multiplies) is ~156 of the 396. Before
 // (2026-12-02, straight path 422 / 371 / 214): each n-tile loaded its own 2 multipliers
 // (8 loads a tile), the stage index was tile % 6 (a division), and_bits held its mask in a
 // register, and the P / alpha destinations were rebuilt from the thread index every tile
@@ -177,22 +177,24 @@
 // 255 registers allow one block anyway: 8 warps an SM, 0.59 eligible warps a scheduler,
 // L1/TEX throughput 65%; its hot loop alone took 473 us (455 with its chunk loop rolled)
 // for the bytes of 256 x 8k, this whole kernel 464.
-// The bound (H200, 2026-12-03, scripts/sm90_mma_rate.py; scripts/sm90_counts.py --cost):
-// with 4 warps a scheduler an HMMA.16816 takes its scheduler 4.8 cycles, HMMA.1688 3.5,
-// MOVM 3.2, lop3 / shift 1.6, IMAD 1.5, bf16x2 fma 1.1, and an HMMA does not overlap the
-// others (HMMA + 4 lop3: 11.8 cycles, 4.9 + 6.3 alone). Priced so, a warp's tile issues for
-// 718 (mxfp4) / 663 (fp8) / 436 (bf16) cycles, the tensor part (mma + transposes) 268 of
-// them; the kernel runs at 87% / 85% of that at 256 x 8k, and the tile's bytes at 4.1 TB/s
-// leave 281 / 528 / 1056 cycles: issue caps mxfp4 at 39% and fp8 at 80% of the read
-// bandwidth, and the tensor part alone takes 268 of mxfp4's 281.
+// The estimate (H200, 2026-12-03, scripts/sm90_mma_rate.py; scripts/sm90_counts.py --cost):
+// with 4 warps a scheduler an HMMA.16816 takes its scheduler 6.2-6.7 cycles, HMMA.1688 4.3,
+// MOVM 4.0, lop3 / shift 2.06, IMAD 2.0, bf16x2 fma 1.17, and an HMMA does not run beside
+// the others (HMMA + 4 lop3: 13.6 cycles, 6.7 + 8.3 alone). Priced so, a warp's tile issues
+// for 698-904 (mxfp4) / 665-837 (fp8) / 506-552 (bf16) cycles (ALU beside FMA-pipe work as
+// far as they overlapped there, or not at all), the tensor part (mma + transposes) 353 of
+// them; the kernel takes 822 / 793 at 256 x 8k (1.80 GHz), and the tile's bytes at 4.1 TB/s
+// leave 284 / 534 / 1068: issue holds mxfp4 to at most ~41% and fp8 to ~80% of the read
+// bandwidth, and the tensor part alone takes more than mxfp4's 284.
 // Tried and dropped (H200, 2026-12-03, A/B in one process, L2 flushed, all builds through
 // their self-test, sanitizer-clean; scripts/results/h200-2026-12-03-sm90-stages-vstage.txt):
 // V through each warp's own bf16 stage in shared memory (8 st.shared.v4 of the K' registers
 // after Q.K, 8 ldmatrix.x4.trans as P.V's B operands, 128-byte rows with the chunk XOR the
-// row) instead of the 32 movmatrix. The issue model above said 718 -> 639 cycles (mxfp4),
-// 663 -> 574 (fp8); the kernel ran 455.8 -> 491.6 us (mxfp4 256 x 8k, both on 4 stages) and
-// 437.2 -> 465.5 (fp8, 3 stages): the 64 more shared-memory wavefronts a warp and tile cost
-// more than the transposes' issue cycles (the model leaves the shared-memory pipe out).
+// row) instead of the 32 movmatrix. The estimate said 698-904 -> 595-803 cycles (mxfp4),
+// 665-837 -> 550-722 (fp8); the kernel ran 455.8 -> 491.6 us (mxfp4 256 x 8k, both on 4
+// stages) and 437.2 -> 465.5 (fp8, 3 stages). Not profiled: the likely cost is the 64 more
+// shared-memory wavefronts a warp and tile (the issue cycles leave that pipe out) or the
+// ldmatrix latency in front of P.V.
 #include "params.h"
 #include "common/config.h"
 #include "common/numerics.h"
