@@ -10,8 +10,9 @@ one kind (and RATE_ALU2 of a second), on arbitrary operands, one or two 8-warp b
 SM (64 KiB of dynamic shared memory a block keeps it at two), all SMs. Reported: device
 time (CUDA events), dense TFLOP/s, the cycles a round takes a scheduler (each SM's clock64
 span, first warp in to last warp out, over the rounds its 4 schedulers issue; a wgmma round
-is a warp's quarter of the instruction), and the SM clock (clock64 against %globaltimer). ``scripts/sm90_counts.py --cost`` prices the
-kernel's tile loop with these figures (its ISSUE_CYCLES).
+is a warp's quarter of the instruction), and the SM clock (clock64 against %globaltimer).
+``scripts/sm90_counts.py --cost`` prices the kernel's tile loop with these figures (its
+ISSUE_CYCLES).
 
     python3 scripts/sm90_mma_rate.py [--iters 4096]
 
@@ -83,7 +84,7 @@ def main(argv: list[str]) -> int:
     src = source()
     timer = Timer(0)
     # (op, chains, (count, kind) of the extra instructions a round, (count, kind) of a second group, blocks an SM)
-    cases = [(4, 4, (8, kind), (0, 0), 2) for kind in range(16)] + [
+    cases = [(4, 4, (8, kind), (0, 0), 2) for kind in range(len(KINDS))] + [
         (4, 4, (4, 0), (4, 3), 2), (4, 4, (4, 0), (4, 5), 2), (4, 4, (4, 0), (4, 1), 2), (4, 4, (4, 4), (4, 0), 2),
         (4, 4, (4, 0), (4, 8), 2), (4, 4, (4, 3), (4, 5), 2), (4, 4, (4, 5), (4, 1), 2),
         (0, 4, (0, 0), (0, 0), 1), (0, 4, (0, 0), (0, 0), 2), (0, 8, (0, 0), (0, 0), 2),
