@@ -1,11 +1,11 @@
-// Tensor-pipe rates of an sm_90 SM, for the design of the sm_90 kernel: how many cycles a
-// scheduler (SM sub-partition) spends per mma.sync m16n8k16 / m16n8k8 (bf16, f32
-// accumulators) and per wgmma m64n16k16 (A from registers, B from shared memory), with
-// CHAINS independent accumulators a warp. Not a library kernel: the operands are
-// arbitrary bits, only the time means something. scripts/sm90_mma_rate.py builds and runs it.
+// Issue cycles of an sm_90 SM per instruction kind, for the design of the sm_90 kernel: how
+// long a scheduler (SM sub-partition) spends on mma.sync m16n8k16 / m16n8k8 (bf16, f32
+// accumulators), wgmma m64n16k16 (A from registers or shared memory, B from shared memory)
+// and the extra instructions below, CHAINS independent accumulators a warp. Not a library
+// kernel: the operands are arbitrary bits, only the time means something.
+// scripts/sm90_mma_rate.py builds and runs it.
 //   RATE_OP 0 mma.m16n8k16, 1 mma.m16n8k8, 2 wgmma.m64n16k16 RS, 3 wgmma.m64n16k16 SS,
-//           4 none (the RATE_ALU instructions alone)
-//   RATE_ALU  extra independent integer ops (lop3) issued per mma (0: none)
+//           4 none (the extra instructions alone)
 #include "common/platform.h"
 
 #ifndef RATE_OP
@@ -132,8 +132,7 @@ extern "C" __global__ void __launch_bounds__(256) hipmla_probe_mma_rate(const Ra
     const unsigned lane_addr = sbase + 16u * (tid & 31);  // (^ 512 a round) + 1 KiB (k + 8 (c % 4)) below: < 32 KiB
 #if RATE_OP == 2 || RATE_OP == 3
     float d[CHAINS][8];
-    const unsigned base = sbase;
-    const unsigned long long desc = (unsigned long long)((base & 0x3FFFF) >> 4) | (8ull << 16) | (16ull << 32);
+    const unsigned long long desc = (unsigned long long)((sbase & 0x3FFFF) >> 4) | (8ull << 16) | (16ull << 32);
 #else
     float d[CHAINS][4];
 #endif

@@ -178,16 +178,12 @@ def test_wgmma_probe_compiles_for_sm_90a(nvrtc_builds):
     assert f"static_assert(sizeof(Smem) == {r['shared']}," in text
 
 
-def rate_kinds() -> tuple[str, ...]:
-    return _script("sm90_mma_rate").KINDS
-
-
 @needs_nvrtc
 def test_mma_rate_probe_compiles_for_sm_90a(nvrtc_builds):
     """scripts/sm90_mma_rate.cu (the issue cycles behind sm90_counts.py's cost model) builds
     for every tensor instruction and every extra-instruction kind, without local memory."""
     names = [name for name in nvrtc_builds if name.startswith("hipmla_probe_mma_rate ")]
-    assert len(names) == 4 + len(rate_kinds())  # ops 1..4 with lop3, op 0 with each kind
+    assert len(names) == 4 + len(_script("sm90_mma_rate").KINDS)  # ops 1..4 with lop3, op 0 with each kind
     for name in names:
         r = nvrtc_builds[name]
         assert r["ok"] and r["elf"] and r["has"], f"{name}:\n{r['log']}"
