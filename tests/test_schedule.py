@@ -249,3 +249,26 @@ def test_device_schedule_flags_short_sequences_and_bad_query_ranges(dump):
     seq, bad = got[:, 0], got[:, 8]
     assert set(bad[seq == 1]) == {32}  # ERR_Q_LEN: 2 kv tokens, 3 query tokens
     assert set(bad[(seq == 0) | (seq == 2)]) == {0}
+
+
+def test_device_division_is_exact_on_both_sides_of_32_bits(tmp_path):
+    # div_nonneg takes a 32-bit division when both operands fit and a 64-bit one otherwise:
+    # the schedule's chunk and ranges must not depend on which.
+    if CLANG is None:
+        pytest.skip("clang++-22 not installed (the harness uses clang vector types)")
+    src = tmp_path / "div.cpp"
+    src.write_text(HOST_PRELUDE + translation_unit("core/schedule.h") +
+                   'extern "C" long long div_c(long long a, long long b) { return hipmla::div_nonneg(a, b); }\n')
+    lib = tmp_path / "div.so"
+    subprocess.run([CLANG, "-std=c++20", "-O1", "-shared", "-fPIC", "-pthread", str(src), "-o", str(lib)],
+                   check=True, capture_output=True, text=True)
+    div = ctypes.CDLL(str(lib)).div_c
+    div.argtypes = [ctypes.c_longlong, ctypes.c_longlong]
+    div.restype = ctypes.c_longlong
+    rng = np.random.default_rng(7)
+    edges = [0, 1, 2, 63, 2**31 - 1, 2**31, 2**32 - 2, 2**32 - 1, 2**32, 2**32 + 1, 2**40 + 5, 2**62 + 3]
+    pairs = [(a, b) for a in edges for b in edges if b >= 1]
+    pairs += [(int(a), int(b)) for a, b in zip(rng.integers(0, 2**63 - 1, 200), rng.integers(1, 2**34, 200))]
+    pairs += [(int(a), int(b)) for a, b in zip(rng.integers(0, 2**32, 200), rng.integers(1, 2**32, 200))]
+    for a, b in pairs:
+        assert div(a, b) == a // b, (a, b)

@@ -37,7 +37,7 @@
 // Sum over s of k_s rows_s <= total / chunk + sum rows_s <= split_target + t_q head_groups
 // (chunk >= total / split_target), plus as much again with fast_tile: max_items() sizes
 // the grid and the scratch. Cost per block: ceil(b / THREADS) length reads per thread and
-// two block scans (three barriers each).
+// two block scans (three barriers each); divisions in 32 bits where the values fit.
 #pragma once
 
 #include "params.h"
@@ -113,6 +113,14 @@ HIPMLA_DEVICE long long block_exclusive_scan(long long v, ScheduleSmem<THREADS>&
     return before;
 }
 
+// a / b for 0 <= a and 1 <= b, in 32 bits whenever both fit: a 64-bit division is a
+// subroutine of dependent instructions, and the schedule's chunk and range divisions sit
+// in front of every block's first load.
+HIPMLA_DEVICE long long div_nonneg(long long a, long long b) {
+    if ((((unsigned long long)a | (unsigned long long)b) >> 32) == 0) return (long long)(unsigned(a) / unsigned(b));
+    return a / b;
+}
+
 // Items of a sequence of `len` tokens, and the token range of its item k.
 struct SeqSplit {
     long long chunk;
@@ -136,7 +144,7 @@ struct SeqSplit {
     HIPMLA_DEVICE bool tail_item(int len, int n) const {
         if (fast_tile <= 0) return false;
         const long long units = (unsigned(len) + unsigned(align) - 1u) / unsigned(align);
-        const long long last_begin = units * (n - 1) / n * align;
+        const long long last_begin = div_nonneg(units * (n - 1), n) * align;
         const int tail = len % fast_tile;
         return tail > 0 && len - last_begin > tail;
     }
@@ -148,8 +156,8 @@ struct SeqSplit {
             end = len;
             return;
         }
-        const long long b = units * k / n * align;
-        const long long e = units * (k + 1) / n * align;
+        const long long b = div_nonneg(units * k, n) * align;
+        const long long e = div_nonneg(units * (k + 1), n) * align;
         begin = int(b < len ? b : len);
         end = int(e < len ? e : len);
         if (k == n - 1 && tail_item(len, n)) end = len - len % fast_tile;
@@ -172,10 +180,20 @@ HIPMLA_DEVICE WorkItem schedule_item(const MlaDecodeParams& p, int block, Schedu
 
     long long mine = 0;
     int qo_bad = 0;
+    // The thread's first sequence (its only one while the batch is at most THREADS) stays
+    // in registers for the count and the search: read again after the scans' barriers, it
+    // was a load round trip in front of each.
+    SeqExtent e0{0, 0};
+    SeqQuery q0{0, 0, 0};
     for (int s = s0; s < s1; ++s) {
         const SeqQuery qy = seq_query(p, s);
+        const SeqExtent e = seq_extent(p, s);
+        if (s == s0) {
+            e0 = e;
+            q0 = qy;
+        }
         qo_bad |= qy.bad;
-        mine += (long long)seq_extent(p, s).tokens * qy.n * groups;
+        mine += (long long)e.tokens * qy.n * groups;
     }
     // A thread with no sequence has no item to find: past the scans it only meets barriers.
     const bool active = s0 < s1;
@@ -184,7 +202,7 @@ HIPMLA_DEVICE WorkItem schedule_item(const MlaDecodeParams& p, int block, Schedu
 
     long long chunk = 1;  // (no thread without a sequence uses it)
     if (active) {
-        chunk = (total + p.split_target - 1) / p.split_target;
+        chunk = div_nonneg(total + p.split_target - 1, p.split_target);
         chunk = chunk > p.split_min_tokens ? chunk : p.split_min_tokens;
         chunk = (chunk + p.split_align - 1) / p.split_align * p.split_align;
     }
@@ -196,10 +214,10 @@ HIPMLA_DEVICE WorkItem schedule_item(const MlaDecodeParams& p, int block, Schedu
     int first_base = 0;
     long long count = 0;
     for (int s = s0; s < s1; ++s) {
-        const int len = seq_extent(p, s).tokens;
+        const int len = s == s0 ? e0.tokens : seq_extent(p, s).tokens;
         const int base = split.base_items(len);
         if (s == s0) first_base = base;
-        count += (long long)(base + (split.tail_item(len, base) ? 1 : 0)) * seq_query(p, s).n * groups;
+        count += (long long)(base + (split.tail_item(len, base) ? 1 : 0)) * (s == s0 ? q0 : seq_query(p, s)).n * groups;
     }
     if (tid == 0) {
         sm.item = WorkItem{-1, -1, 0, 0, -1, -1, 0, -1, 0, 0};
@@ -213,8 +231,8 @@ HIPMLA_DEVICE WorkItem schedule_item(const MlaDecodeParams& p, int block, Schedu
     if (qo_bad) atomic_or_block(&sm.qo_bad, 1);  // after the scan's syncs: thread 0 set it first
     if (block >= first && block < first + count) {
         for (int s = s0; s < s1; ++s) {
-            const SeqExtent e = seq_extent(p, s);
-            const SeqQuery qy = seq_query(p, s);
+            const SeqExtent e = s == s0 ? e0 : seq_extent(p, s);
+            const SeqQuery qy = s == s0 ? q0 : seq_query(p, s);
             const int base = s == s0 ? first_base : split.base_items(e.tokens);
             const int n = base + (split.tail_item(e.tokens, base) ? 1 : 0);
             const int rows = qy.n * groups;
