@@ -348,6 +348,20 @@ def test_sm90_counts_of_the_mxfp4_kernel(tmp_path):
     assert c.straight < c.loop and c.per_token == c.straight * 8 / 32
 
 
+@pytest.mark.skipif(nvidia.find_cuda_tool("nvcc") is None or nvidia.find_cuda_tool("cuobjdump") is None,
+                    reason="no nvcc / cuobjdump")
+@pytest.mark.parametrize("kv_format", ["bf16", "mxfp4"])
+def test_partial_slots_leave_in_16_byte_stores(kv_format, tmp_path):
+    """The item's partial (16 heads x 512 f32) leaves in 8 16-byte stores a thread, the bf16
+    output in 8-byte ones: written through reinterpret_cast pointers NVVM had split them
+    into 4-byte stores (4x the instructions, each writing part of every sector)."""
+    counts = _script("sm90_counts")
+    _, sass = counts.compile_sass(kv_format, None, tmp_path)
+    stores = re.findall(r"\b(STG\.E(?:\.\d+)?)(?:\.STRONG\.GPU)?\s+desc", sass)
+    assert stores.count("STG.E.128") >= 8, stores
+    assert stores.count("STG.E") <= 8, stores  # the (m, l) and LSE scalars, the error word
+
+
 # The SASS opcode each extra-instruction kind of scripts/sm90_mma_rate.cu must become.
 RATE_OPCODES = {"lop3": "LOP3", "hfma2": "HFMA2", "shr": "SHF", "imad": "IMAD", "movmatrix": "MOVM", "ffma": "FFMA",
                 "prmt": "PRMT", "fadd": "FADD", "lds.128": "LDS.128", "ldsm.x4.t+lop3": "LDSM.16.MT88.4",

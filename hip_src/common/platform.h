@@ -74,8 +74,12 @@ HIPMLA_DEVICE void atomic_or_device(int* p, int v) {
 HIPMLA_DEVICE void atomic_or_block(int* p, int v) {
     __hip_atomic_fetch_or(p, v, __ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_WORKGROUP);
 }
+// One 16- / 8-byte store to global memory (a vector store on AMD either way).
+HIPMLA_DEVICE void store_global(f32x4* p, f32x4 v) { *p = v; }
+HIPMLA_DEVICE void store_global(u32x2* p, u32x2 v) { *p = v; }
 // After fence_acquire_device the vector caches are invalidated: a plain load is coherent.
 HIPMLA_DEVICE f32x4 load_coherent(const f32x4* p) { return *p; }
+HIPMLA_DEVICE f32x2 load_coherent(const f32x2* p) { return *p; }
 HIPMLA_DEVICE float load_coherent(const float* p) { return *p; }
 // A counter another block moves, read where it is kept (the merge's wait for its row).
 HIPMLA_DEVICE int load_relaxed_device(const int* p) {
@@ -127,7 +131,14 @@ HIPMLA_DEVICE int atomic_add_device(int* p, int v) { return atomicAdd(p, v); }
 HIPMLA_DEVICE void atomic_store_device(int* p, int v) { atomicExch(p, v); }
 HIPMLA_DEVICE void atomic_or_device(int* p, int v) { atomicOr(p, v); }
 HIPMLA_DEVICE void atomic_or_block(int* p, int v) { atomicOr_block(p, v); }
+// One 16- / 8-byte store to global memory, kept in L2 (st.global.cg.v4.f32 / .v2.u32).
+// A plain store through a reinterpret_cast pointer is not always one: NVVM split the
+// sm_90 epilogue's f32x4 and u32x2 stores into 4-byte ones (4x the store instructions,
+// each writing part of every sector it touches).
+HIPMLA_DEVICE void store_global(f32x4* p, f32x4 v) { __stcg(p, v); }
+HIPMLA_DEVICE void store_global(u32x2* p, u32x2 v) { __stcg(p, v); }
 HIPMLA_DEVICE f32x4 load_coherent(const f32x4* p) { return __ldcg(p); }
+HIPMLA_DEVICE f32x2 load_coherent(const f32x2* p) { return __ldcg(p); }
 HIPMLA_DEVICE float load_coherent(const float* p) { return __ldcg(p); }
 HIPMLA_DEVICE int load_relaxed_device(const int* p) {
     int v;

@@ -61,10 +61,12 @@
 // Prologue and epilogue: the row's Q (18 KiB) is copied into shared memory by 16-byte
 // cp.async (in the partial-score exchange, free until the first tile) as the oldest copy
 // group, in flight beside the first tiles', and the fragments are built from there once
-// it has landed (one memory latency for both, not Q's and then the tiles'); O goes back through the ring after the last tile and leaves in 16-byte
-// stores of whole head rows (partial slot, or bf16 output). Read or written from the
-// fragments directly they were 2- and 4-byte accesses a sector each: on the H200 that cost
-// more than the tiles of a short item (see "Measured" below).
+// it has landed (one memory latency for both, not Q's and then the tiles'); O goes back
+// through the ring after the last tile and leaves in 16-byte stores (8-byte for the bf16
+// output) of whole head rows. Read or written from the fragments directly they were 2- and
+// 4-byte accesses a sector each: on the H200 that cost more than the tiles of a short item
+// (see "Measured" below). The stores go through store_global: through reinterpret_cast
+// pointers NVVM split them into 4-byte stores (until 2026-12-03).
 // Dynamic shared memory: sizeof(Smem) = hipmla.kernels.sm90_shared_bytes(kv_format)
 // (the kernel traps if it gets less).
 //
@@ -724,19 +726,31 @@ extern "C" __global__ void __launch_bounds__(hipmla::sm90k::THREADS, 2) HIPMLA_S
                     sm.ring.out[g + 8 * hh][dim_of(warp, t, kk, r, e)] = o[kk][r][2 * hh + e] * out_scale;
     block_sync();
     constexpr int QUADS = D_V / 4;  // f32x4 per head row
-    for (int i = tid; i < HEADS * QUADS; i += THREADS) {
+    constexpr int OUT_STEPS = HEADS * QUADS / THREADS;
+    static_assert(OUT_STEPS * THREADS == HEADS * QUADS, "the threads cover O's quads evenly");
+    // All of a thread's shared-memory reads first: the stores (asm with a memory clobber)
+    // would otherwise hold each read back behind the store before it.
+    f32x4 quad[OUT_STEPS];
+#pragma unroll
+    for (int k = 0; k < OUT_STEPS; ++k) {
+        const int i = tid + k * THREADS;
+        quad[k] = *reinterpret_cast<const f32x4*>(&sm.ring.out[i / QUADS][4 * (i % QUADS)]);
+    }
+#pragma unroll
+    for (int k = 0; k < OUT_STEPS; ++k) {
+        const int i = tid + k * THREADS;
         const int head = i / QUADS, d = 4 * (i % QUADS);
-        const f32x4 a = *reinterpret_cast<const f32x4*>(&sm.ring.out[head][d]);
+        const f32x4 a = quad[k];
         if (slot >= 0) {
-            *reinterpret_cast<f32x4*>(p.part_acc + ((long long)slot * HEADS + head) * D_V + d) = a;
+            store_global(reinterpret_cast<f32x4*>(p.part_acc + ((long long)slot * HEADS + head) * D_V + d), a);
         } else {
             // An empty sequence has l = 0 and O = 0: its output is 0 (a bad one NaN).
             const float lh = sm.l[head];
             const bool keep = !(lh <= 0.0f);
             const unsigned b0 = f32_to_bf16_bits(keep ? a.x / lh : 0.0f), b1 = f32_to_bf16_bits(keep ? a.y / lh : 0.0f);
             const unsigned b2 = f32_to_bf16_bits(keep ? a.z / lh : 0.0f), b3 = f32_to_bf16_bits(keep ? a.w / lh : 0.0f);
-            *reinterpret_cast<u32x2*>(static_cast<unsigned short*>(p.out) + ((long long)out_row * HEADS + head) * D_V + d) =
-                u32x2{b0 | (b1 << 16), b2 | (b3 << 16)};
+            store_global(reinterpret_cast<u32x2*>(static_cast<unsigned short*>(p.out) + ((long long)out_row * HEADS + head) * D_V + d),
+                         u32x2{b0 | (b1 << 16), b2 | (b3 << 16)});
         }
     }
     if (slot >= 0) merge_split_row<THREADS>(p, done, &sm.last);
