@@ -161,3 +161,107 @@ def test_merge_protocol_has_no_data_race(clang, tmp_path):
         assert proc.returncode == 0, proc.stderr[-3000:]
         r = _run(exe, 150, 0, 8000, env=env)
         assert r["failures"] == 0 and check(r), r
+
+
+# ------------------------------------------------- the staged share against merge_columns
+
+STAGED = r"""
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <vector>
+using namespace hipmla;
+
+// Share `share` of a row of n items (slots first + k ds), merged by merge_columns (as
+// merge_split_row picks it for the share's width) or by merge_share_staged.
+static void merge_share(const MlaDecodeParams& p, const WorkItem& it, int share, bool staged, float* stage) {
+    std::barrier<> bar(256);
+    host_barrier = &bar;
+    const int g0 = share * MERGE_GROUPS / it.n_items, g1 = (share + 1) * MERGE_GROUPS / it.n_items;
+    std::vector<std::thread> pool;
+    for (int t = 0; t < 256; ++t)
+        pool.emplace_back([&, t] {
+            host_thread = unsigned(t);
+            if (staged) merge_share_staged<256>(p, it, g0, g1, share == 0, stage);
+            else if (g1 - g0 <= 16) merge_columns<256, 1, 8>(p, it, g0, g1, share == 0);
+            else if (g1 - g0 <= 32) merge_columns<256, 2, 4>(p, it, g0, g1, share == 0);
+            else merge_columns<256, 4, 2>(p, it, g0, g1, share == 0);
+        });
+    for (auto& th : pool) th.join();
+}
+
+int main() {
+    std::mt19937 rng(2026);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    std::vector<float> stage(MERGE_STAGE_FLOATS);
+    int cases = 0, mismatches = 0;
+    for (int n = 2; n <= MERGE_STAGE_ITEMS; ++n) {
+        for (int variant = 0; variant < 4; ++variant) {
+            const int ds = 1 + int(rng() % 3), first = int(rng() % 3);
+            const int slots = first + n * ds;
+            std::vector<float> acc(size_t(slots) * HEADS * D_V), ml(size_t(slots) * HEADS * 2);
+            for (int s = 0; s < slots; ++s)
+                for (int h = 0; h < HEADS; ++h) {
+                    // variant 1: one empty item; 2: every item empty; 3: one bad (NaN) item
+                    const int k = (s - first) / ds;
+                    const bool empty = variant == 2 || (variant == 1 && k == 1);
+                    const bool nan = variant == 3 && k == n - 1 && h % 3 == 0;
+                    float m = 20.0f * normal(rng), l = 1.0f + 50.0f * std::fabs(normal(rng));
+                    if (empty) m = -INFINITY, l = 0.0f;
+                    if (nan) m = NAN, l = NAN;
+                    ml[(size_t(s) * HEADS + h) * 2] = m;
+                    ml[(size_t(s) * HEADS + h) * 2 + 1] = l;
+                    for (int d = 0; d < D_V; ++d)
+                        acc[(size_t(s) * HEADS + h) * D_V + d] = empty ? 0.0f : nan ? NAN : l * normal(rng);
+                }
+            WorkItem it{};
+            it.row = 1;
+            it.n_items = n;
+            it.first_slot = first;
+            it.slot_stride = ds;
+            MlaDecodeParams p{};
+            p.part_acc = acc.data();
+            p.part_ml = ml.data();
+            std::vector<unsigned short> out_a(3 * HEADS * D_V, 0xAAAA), out_b(out_a);
+            std::vector<float> lse_a(3 * HEADS, 7.0f), lse_b(lse_a);
+            for (int share : {0, n / 2, n - 1}) {
+                p.out = out_a.data();
+                p.lse = lse_a.data();
+                merge_share(p, it, share, false, nullptr);
+                p.out = out_b.data();
+                p.lse = lse_b.data();
+                merge_share(p, it, share, true, stage.data());
+                ++cases;
+            }
+            if (std::memcmp(out_a.data(), out_b.data(), out_a.size() * 2) != 0 ||
+                std::memcmp(lse_a.data(), lse_b.data(), lse_a.size() * 4) != 0) {
+                ++mismatches;
+                std::printf("n %d variant %d: outputs differ\n", n, variant);
+            }
+            if (out_a[(1 * HEADS) * D_V] == 0xAAAA) {
+                ++mismatches;
+                std::printf("n %d variant %d: share 0 wrote nothing\n", n, variant);
+            }
+        }
+    }
+    std::printf("cases %d mismatches %d\n", cases, mismatches);
+    return mismatches != 0;
+}
+"""
+
+
+def test_staged_share_merges_bit_for_bit_like_merge_columns(clang, tmp_path):
+    # Every row size the staged merge serves, shares at both ends and in the middle, with
+    # empty items, all-empty rows and NaN items: the same bf16 outputs and LSE, bit for bit.
+    src = tmp_path / "staged.cpp"
+    src.write_text(HOST_PRELUDE + translation_unit("core/merge.h") + STAGED)
+    exe = tmp_path / "staged"
+    proc = subprocess.run([clang, "-std=c++20", "-O1", "-pthread", str(src), "-o", str(exe)], capture_output=True,
+                          text=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    run = subprocess.run([str(exe)], capture_output=True, text=True, timeout=600)
+    m = re.search(r"cases (\d+) mismatches (\d+)", run.stdout)
+    assert m, run.stdout[-2000:] + run.stderr[-2000:]
+    assert int(m.group(1)) == 3 * 4 * 31 and int(m.group(2)) == 0, run.stdout[-3000:]
+    assert run.returncode == 0
