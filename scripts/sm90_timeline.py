@@ -93,9 +93,9 @@ EDITS = [
      "    HIPMLA_STAMP(2);\n    // x is the partial-score exchange from here on"),
     ("    // ---- the item's state: m, l of head sh; O of heads g, g + 8\n",
      "    HIPMLA_STAMP(3);\n    // ---- the item's state: m, l of head sh; O of heads g, g + 8\n"),
-    ("    if (slot >= 0) merge_split_row<THREADS>(p, done, &sm.last, sm.ring.merge);\n",
+    ("    if (slot >= 0) merge_split_row<THREADS>(p, done, &sm.last);\n",
      "    HIPMLA_STAMP(4);\n    unsigned long long hipmla_last = 0;\n"
-     "    if (slot >= 0) merge_split_row<THREADS>(p, done, &sm.last, sm.ring.merge, hipmla_stamp, hipmla_last);\n"
+     "    if (slot >= 0) merge_split_row<THREADS>(p, done, &sm.last, hipmla_stamp, hipmla_last);\n"
      "    else { HIPMLA_STAMP(5); HIPMLA_STAMP(6); }\n    block_sync();\n"
      + RECORD % dict(seq="done.seq", tokens="done.end - done.begin", items="done.n_items", last="hipmla_last")),
 ]
@@ -107,8 +107,8 @@ MERGE_EDITS = [
     ("constexpr int MERGE_GROUPS = D_V / 4;",
      "#define HIPMLA_MERGE_STAMP(k) do { if (thread_index() == 0) hipmla_stamp[k] = timer_ns(); } while (0)\n"
      "constexpr int MERGE_GROUPS = D_V / 4;"),
-    ("HIPMLA_DEVICE void merge_split_row(const MlaDecodeParams& p, const WorkItem& it, int* flag, float* stage = nullptr) {",
-     "HIPMLA_DEVICE void merge_split_row(const MlaDecodeParams& p, const WorkItem& it, int* flag, float* stage,\n"
+    ("HIPMLA_DEVICE void merge_split_row(const MlaDecodeParams& p, const WorkItem& it, int* flag) {",
+     "HIPMLA_DEVICE void merge_split_row(const MlaDecodeParams& p, const WorkItem& it, int* flag,\n"
      "                                   unsigned long long* hipmla_stamp, unsigned long long& hipmla_merged) {"),
     ("    const int share = *flag;\n",
      "    const int share = *flag;\n    HIPMLA_MERGE_STAMP(5);\n"

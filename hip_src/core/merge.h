@@ -17,10 +17,14 @@
 // those columns are written twice, with the same bytes.
 // With fast_tile > 0 (two kernels, one after the other), or more than G items, the last
 // item to arrive merges everything, as before.
-// A kernel with MERGE_STAGE_FLOATS of shared memory free at its end (the sm_90 kernel's
-// ring) passes them as `stage`: a share of a row of up to MERGE_STAGE_ITEMS items then
-// costs one L2 round trip however many slots it reads (merge_share_staged), not one per
-// BATCH slots; kernels without one merge their shares from the slots directly.
+// Tried and dropped (H200, 2026-12-03, sm_90 kernel, A/B in one process, L2 flushed;
+// scripts/results/h200-2026-12-03-sm90-ab-vstore-staged-merge.txt): a share staged in the
+// kernel's free shared memory -- every thread's loads of it issued at once, then the sums
+// in slot order from there -- to make a share one L2 round trip for any item count and so
+// allow finer splits of short batches. As built (the (m, l) loads scheduled after the
+// first stores into the stage, a division per element) the merge took 5.2 us at 4 x 1k
+// against 1.9 (mxfp4 4 x 1k 18.0 -> 21.2 us, 4 x 8k 33.6 -> 36.2), and in the same run no
+// finer split won: 32 slots a row made 4 x 8k 36.1 -> 39.8 us, 16 made 4 x 1k 21.2 -> 20.3.
 //
 // Counters: two words per row, zero between launches. word 0: arrivals + MERGE_QUIT x
 // quits; word 1 (shared merges only): blocks done with word 0, the n-th of which resets
@@ -53,26 +57,6 @@ constexpr int MERGE_NONE = -1;               // this block merges nothing
 constexpr int MERGE_ALL = -2;                // this block merges every column of the row
 static_assert(MERGE_GROUPS < MERGE_QUIT && MERGE_GROUPS * MERGE_QUIT < 0x7fffffff,
               "arrivals and quits of up to MERGE_GROUPS items fit one int");
-
-// The merged columns of head h, lane i (groups g0 + i + LANES k < g1) into the bf16 output,
-// and the head's LSE if `lse`: out = bf16_rne(acc / L); all slots empty: 0 and -inf.
-template <int LANES, int STEPS>
-HIPMLA_DEVICE void store_merged(const MlaDecodeParams& p, const WorkItem& it, int h, int i, int g0, int g1,
-                                const float (&acc)[STEPS][4], float big_m, float big_l, bool lse) {
-    const bool zero = big_l <= 0.0f;  // all slots empty; NaN (a bad item's slot) stays NaN
-    u32x2* out = reinterpret_cast<u32x2*>(static_cast<unsigned short*>(p.out) + ((long long)it.row * HEADS + h) * D_V);
-#pragma unroll
-    for (int k = 0; k < STEPS; ++k) {
-        const int g = g0 + i + LANES * k;
-        float o[4];
-#pragma unroll
-        for (int e = 0; e < 4; ++e) o[e] = zero ? 0.0f : acc[k][e] / big_l;
-        if (g < g1) out[g] = u32x2{pack_bf16x2(o[0], o[1]), pack_bf16x2(o[2], o[3])};
-    }
-    if (lse && i == 0 && p.lse != nullptr) {
-        p.lse[(long long)it.row * HEADS + h] = zero ? f32_from_bits(0xff800000u) : (big_m + log2_f32(big_l)) * 0.6931471805599453f;
-    }
-}
 
 // Columns [LANES-strided groups g0 .. g1) of every slot of the row, merged into the
 // output (and the LSE if `lse`). Thread = (head h = tid / LANES, lane i = tid % LANES);
@@ -162,111 +146,19 @@ HIPMLA_DEVICE void merge_columns(const MlaDecodeParams& p, const WorkItem& it, i
         }
     }
 
-    store_merged<LANES, STEPS>(p, it, h, i, g0, g1, acc, big_m, big_l, lse);
-}
-
-// The staged share: most items of a row whose share one block stages in shared memory.
-constexpr int MERGE_STAGE_ITEMS = 32;
-// The f32x4 quads of the largest share of 2 .. N items: n x HEADS x its groups (at most
-// ceil(MERGE_GROUPS / n)). A template, not a constexpr function: NVRTC compiles no host code.
-template <int N>
-struct MergeStageQuads {
-    static constexpr int here = N * HEADS * ((MERGE_GROUPS + N - 1) / N);
-    static constexpr int value = here > MergeStageQuads<N - 1>::value ? here : MergeStageQuads<N - 1>::value;
-};
-template <>
-struct MergeStageQuads<1> {
-    static constexpr int value = 0;
-};
-constexpr int MERGE_STAGE_QUADS = MergeStageQuads<MERGE_STAGE_ITEMS>::value;
-// Floats of shared memory (16-byte aligned) merge_split_row's `stage` must have: the quads,
-// then (m, l) of every item and head.
-constexpr int MERGE_STAGE_FLOATS = 4 * MERGE_STAGE_QUADS + 2 * HEADS * MERGE_STAGE_ITEMS;
-
-// Share [g0, g1) of a row of n <= MERGE_STAGE_ITEMS items through shared memory: each thread
-// issues all its loads of the share (quads, then the slots' (m, l)) at once, so the share
-// costs one L2 round trip for any n, where merge_columns takes one for every BATCH slots
-// (on the H200, 2026-12-03, scripts/sm90_timeline.py: 4 x 1k's 8 items merged in 1.9 us,
-// 4 x 8k's 16 in 3.1). Then thread (head h, lane i) adds its groups g0 + i + LANES k over
-// the slots in slot order from shared memory: the sums, and their order, of merge_columns.
-template <int THREADS>
-HIPMLA_DEVICE void merge_share_staged(const MlaDecodeParams& p, const WorkItem& it, int g0, int g1, bool lse,
-                                      float* stage) {
-    constexpr int LANES = THREADS / HEADS;
-    constexpr int PER = (MERGE_STAGE_QUADS + THREADS - 1) / THREADS;
-    constexpr int ML_PER = (HEADS * MERGE_STAGE_ITEMS + THREADS - 1) / THREADS;
-    constexpr int STEPS = ((MERGE_GROUPS + 1) / 2 + LANES - 1) / LANES;  // groups of a share of 2 items
-    static_assert(LANES * HEADS == THREADS, "lanes must cover the heads");
-    const int tid = int(thread_index());
-    const int n = it.n_items, s0 = it.first_slot, ds = it.slot_stride;
-    const int width = g1 - g0;
-    const int quads = n * HEADS * width;
-    f32x4* sq = reinterpret_cast<f32x4*>(stage);
-    f32x2* sml = reinterpret_cast<f32x2*>(stage + 4 * MERGE_STAGE_QUADS);
-
-    // Quad e = (item k, head h, group j), j fastest: a head row's groups are contiguous.
-    f32x4 q[PER];
+    const bool zero = big_l <= 0.0f;  // all slots empty; NaN (a bad item's slot) stays NaN
+    u32x2* out = reinterpret_cast<u32x2*>(static_cast<unsigned short*>(p.out) + ((long long)it.row * HEADS + h) * D_V);
 #pragma unroll
-    for (int k = 0; k < PER; ++k) {
-        const int e = tid + k * THREADS;
-        if (e < quads) {
-            const int j = e % width, rest = e / width;
-            const long long slot = s0 + (long long)(rest / HEADS) * ds;
-            q[k] = load_coherent(reinterpret_cast<const f32x4*>(p.part_acc + (slot * HEADS + rest % HEADS) * D_V) + g0 + j);
-        }
-    }
-    f32x2 ml[ML_PER];
+    for (int k = 0; k < STEPS; ++k) {
+        const int g = g0 + i + LANES * k;
+        float o[VEC];
 #pragma unroll
-    for (int k = 0; k < ML_PER; ++k) {
-        const int f = tid + k * THREADS;  // (item f / HEADS, head f % HEADS)
-        if (f < n * HEADS) {
-            const long long slot = s0 + (long long)(f / HEADS) * ds;
-            ml[k] = load_coherent(reinterpret_cast<const f32x2*>(p.part_ml + (slot * HEADS + f % HEADS) * 2));
-        }
+        for (int e = 0; e < VEC; ++e) o[e] = zero ? 0.0f : acc[k][e] / big_l;
+        if (g < g1) out[g] = u32x2{pack_bf16x2(o[0], o[1]), pack_bf16x2(o[2], o[3])};
     }
-#pragma unroll
-    for (int k = 0; k < PER; ++k) {
-        if (tid + k * THREADS < quads) sq[tid + k * THREADS] = q[k];
+    if (lse && i == 0 && p.lse != nullptr) {
+        p.lse[(long long)it.row * HEADS + h] = zero ? neg_inf : (big_m + log2_f32(big_l)) * 0.6931471805599453f;
     }
-#pragma unroll
-    for (int k = 0; k < ML_PER; ++k) {
-        if (tid + k * THREADS < n * HEADS) sml[tid + k * THREADS] = ml[k];
-    }
-    block_sync();
-
-    const int h = tid / LANES, i = tid % LANES;
-    const float neg_inf = f32_from_bits(0xff800000u);
-    // A NaN m (a bad item's) never wins the compare, in any order: M is order-free.
-    float big_m = neg_inf;
-    for (int k = 0; k < n; ++k) {
-        const float m = sml[k * HEADS + h].x;
-        big_m = m > big_m ? m : big_m;
-    }
-    const float shift = big_m == neg_inf ? 0.0f : big_m;  // all slots empty
-    float acc[STEPS][4];
-#pragma unroll
-    for (int st = 0; st < STEPS; ++st) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) acc[st][e] = 0.0f;
-    }
-    float big_l = 0.0f;
-    for (int k = 0; k < n; ++k) {
-        const f32x2 mlk = sml[k * HEADS + h];
-        const float w = exp2_f32(mlk.x - shift);
-        big_l += w * mlk.y;
-#pragma unroll
-        for (int st = 0; st < STEPS; ++st) {
-            const int j = i + LANES * st;
-            if (j < width) {
-                const f32x4 a = sq[(k * HEADS + h) * width + j];
-                acc[st][0] += w * a.x;
-                acc[st][1] += w * a.y;
-                acc[st][2] += w * a.z;
-                acc[st][3] += w * a.w;
-            }
-        }
-    }
-    store_merged<LANES, STEPS>(p, it, h, i, g0, g1, acc, big_m, big_l, lse);
 }
 
 // Thread 0: the row's arrival protocol (the header); returns this block's share: an
@@ -312,11 +204,9 @@ HIPMLA_DEVICE void reset_counters(const MlaDecodeParams& p, const WorkItem& it, 
 }
 
 // Called by every thread of a block of a split row (slot >= 0) after its partial stores.
-// `flag` is one int of shared memory; `stage`, if not null, MERGE_STAGE_FLOATS floats of
-// it (16-byte aligned), free once every thread has called this: a share of a row of up to
-// MERGE_STAGE_ITEMS items is then merged through it (merge_share_staged).
+// `flag` is one int of shared memory.
 template <int THREADS>
-HIPMLA_DEVICE void merge_split_row(const MlaDecodeParams& p, const WorkItem& it, int* flag, float* stage = nullptr) {
+HIPMLA_DEVICE void merge_split_row(const MlaDecodeParams& p, const WorkItem& it, int* flag) {
     fence_release_device();
     block_sync();
     const bool t0 = thread_index() == 0;
@@ -335,8 +225,7 @@ HIPMLA_DEVICE void merge_split_row(const MlaDecodeParams& p, const WorkItem& it,
             // A share's groups are LANES x at most 4 steps (2 items or more); 8 loads a
             // thread in flight per round trip. (16, for one round trip up to 16 items, made
             // the merge slower on the H200: 4 x 1k 1.8 -> 3.0 us.)
-            if (stage != nullptr && n <= MERGE_STAGE_ITEMS) merge_share_staged<THREADS>(p, it, g0, g1, share == 0, stage);
-            else if (g1 - g0 <= LANES) merge_columns<THREADS, 1, 8>(p, it, g0, g1, share == 0);
+            if (g1 - g0 <= LANES) merge_columns<THREADS, 1, 8>(p, it, g0, g1, share == 0);
             else if (g1 - g0 <= 2 * LANES) merge_columns<THREADS, 2, 4>(p, it, g0, g1, share == 0);
             else merge_columns<THREADS, 4, 2>(p, it, g0, g1, share == 0);
         }

@@ -66,8 +66,7 @@
 // output) of whole head rows. Read or written from the fragments directly they were 2- and
 // 4-byte accesses a sector each: on the H200 that cost more than the tiles of a short item
 // (see "Measured" below). The stores go through store_global: through reinterpret_cast
-// pointers NVVM split them into 4-byte stores (until 2026-12-03). The merge of a split row
-// is staged in the ring (core/merge.h, merge_share_staged).
+// pointers NVVM split them into 4-byte stores (until 2026-12-03).
 // Dynamic shared memory: sizeof(Smem) = hipmla.kernels.sm90_shared_bytes(kv_format)
 // (the kernel traps if it gets less).
 //
@@ -292,7 +291,6 @@ struct alignas(128) Smem {
     union {
         Stage stage[STAGES];
         float out[HEADS][OUT_STRIDE];                 // after the last tile: O, for coalesced stores
-        float merge[MERGE_STAGE_FLOATS];              // then the staged merge (core/merge.h)
     } ring;
     union {
         float red[WARPS][HEADS][RED_STRIDE];          // partial scores [warp][head][token]
@@ -307,7 +305,6 @@ struct alignas(128) Smem {
 };
 // The union members must not grow the ring and the exchange that sm90_shared_bytes counts.
 static_assert(sizeof(float) * HEADS * OUT_STRIDE <= sizeof(Stage) * STAGES, "O's stage fits in the ring");
-static_assert(sizeof(float) * MERGE_STAGE_FLOATS <= sizeof(Stage) * STAGES, "the merge's stage fits in the ring");
 static_assert(sizeof(unsigned short) * HEADS * D_QK <= sizeof(float) * WARPS * HEADS * RED_STRIDE,
               "Q's stage fits in the partial-score exchange");
 
@@ -756,5 +753,5 @@ extern "C" __global__ void __launch_bounds__(hipmla::sm90k::THREADS, 2) HIPMLA_S
                          u32x2{b0 | (b1 << 16), b2 | (b3 << 16)});
         }
     }
-    if (slot >= 0) merge_split_row<THREADS>(p, done, &sm.last, sm.ring.merge);
+    if (slot >= 0) merge_split_row<THREADS>(p, done, &sm.last);
 }
