@@ -42,6 +42,7 @@ inline void atomic_or_block(int* p, int v) { std::atomic_ref<int>(*p).fetch_or(v
 inline void store_global(f32x4* p, f32x4 v) { *p = v; }
 inline void store_global(u32x2* p, u32x2 v) { *p = v; }
 inline f32x4 load_coherent(const f32x4* p) { return *p; }
+inline f32x2 load_coherent(const f32x2* p) { return *p; }
 inline float load_coherent(const float* p) { return *p; }
 inline int load_relaxed_device(const int* p) { return std::atomic_ref<int>(*const_cast<int*>(p)).load(); }
 inline unsigned long long timer_ns() {

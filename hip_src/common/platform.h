@@ -79,6 +79,7 @@ HIPMLA_DEVICE void store_global(f32x4* p, f32x4 v) { *p = v; }
 HIPMLA_DEVICE void store_global(u32x2* p, u32x2 v) { *p = v; }
 // After fence_acquire_device the vector caches are invalidated: a plain load is coherent.
 HIPMLA_DEVICE f32x4 load_coherent(const f32x4* p) { return *p; }
+HIPMLA_DEVICE f32x2 load_coherent(const f32x2* p) { return *p; }
 HIPMLA_DEVICE float load_coherent(const float* p) { return *p; }
 // A counter another block moves, read where it is kept (the merge's wait for its row).
 HIPMLA_DEVICE int load_relaxed_device(const int* p) {
@@ -137,6 +138,7 @@ HIPMLA_DEVICE void atomic_or_block(int* p, int v) { atomicOr_block(p, v); }
 HIPMLA_DEVICE void store_global(f32x4* p, f32x4 v) { __stcg(p, v); }
 HIPMLA_DEVICE void store_global(u32x2* p, u32x2 v) { __stcg(p, v); }
 HIPMLA_DEVICE f32x4 load_coherent(const f32x4* p) { return __ldcg(p); }
+HIPMLA_DEVICE f32x2 load_coherent(const f32x2* p) { return __ldcg(p); }
 HIPMLA_DEVICE float load_coherent(const float* p) { return __ldcg(p); }
 HIPMLA_DEVICE int load_relaxed_device(const int* p) {
     int v;

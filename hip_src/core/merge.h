@@ -62,7 +62,11 @@ static_assert(MERGE_GROUPS < MERGE_QUIT && MERGE_GROUPS * MERGE_QUIT < 0x7ffffff
 // output (and the LSE if `lse`). Thread = (head h = tid / LANES, lane i = tid % LANES);
 // lane i owns groups g0 + i + LANES k (k < STEPS), so the lanes of a head read contiguous
 // bytes. BATCH slots' loads are issued together: the first batch beside the m pass (it
-// does not depend on M), the rest BATCH per L2 round trip.
+// does not depend on M), the rest BATCH per L2 round trip. A row of at most BATCH items
+// takes M from the first batch and skips the m pass: the merge runs once per block from
+// cold code, and on the H200 Nsight Compute put 63% of a share's stall samples on the
+// instruction fetch (mxfp4 32 x 1k, 2026-12-03); skipping it took 32 x 1k 23.8 -> 23.3 us
+// and 4 x 8k 33.2 -> 32.9 (scripts/results/h200-2026-12-03-sm90-ab-merge-small-scan.txt).
 template <int THREADS, int STEPS, int BATCH>
 HIPMLA_DEVICE void merge_columns(const MlaDecodeParams& p, const WorkItem& it, int g0, int g1, bool lse) {
     constexpr int LANES = THREADS / HEADS;
@@ -80,9 +84,9 @@ HIPMLA_DEVICE void merge_columns(const MlaDecodeParams& p, const WorkItem& it, i
 
     // Slot s's (m, l) and this thread's groups of its acc (zeros past g1).
     auto load_slot = [&](int s, float (&ml)[2], f32x4 (&a)[STEPS]) {
-        const float* slot_ml = p.part_ml + ((long long)s * HEADS + h) * 2;
-        ml[0] = load_coherent(slot_ml);
-        ml[1] = load_coherent(slot_ml + 1);
+        const f32x2 v = load_coherent(reinterpret_cast<const f32x2*>(p.part_ml + ((long long)s * HEADS + h) * 2));
+        ml[0] = v.x;
+        ml[1] = v.y;
         const f32x4* part = reinterpret_cast<const f32x4*>(p.part_acc + ((long long)s * HEADS + h) * D_V);
 #pragma unroll
         for (int k = 0; k < STEPS; ++k) {
@@ -99,15 +103,22 @@ HIPMLA_DEVICE void merge_columns(const MlaDecodeParams& p, const WorkItem& it, i
     // merge of up to M_ROUND slots is one round trip, with no remainder loop after it).
     // A NaN m (a bad item's) never wins the compare, in any order: M is order-free.
     float big_m = neg_inf;
-    for (int s = s0; s < s1; s += M_ROUND * ds) {
-        float m[M_ROUND];
+    if (s1 - s0 <= BATCH * ds) {  // the first batch holds every slot: M from its loads
 #pragma unroll
-        for (int k = 0; k < M_ROUND; ++k) {
-            const int sk = s + k * ds;
-            m[k] = sk < s1 ? load_coherent(p.part_ml + ((long long)sk * HEADS + h) * 2) : neg_inf;
+        for (int j = 0; j < BATCH; ++j) {
+            if (s0 + j * ds < s1) big_m = head_ml[j][0] > big_m ? head_ml[j][0] : big_m;
         }
+    } else {
+        for (int s = s0; s < s1; s += M_ROUND * ds) {
+            float m[M_ROUND];
 #pragma unroll
-        for (int k = 0; k < M_ROUND; ++k) big_m = m[k] > big_m ? m[k] : big_m;
+            for (int k = 0; k < M_ROUND; ++k) {
+                const int sk = s + k * ds;
+                m[k] = sk < s1 ? load_coherent(p.part_ml + ((long long)sk * HEADS + h) * 2) : neg_inf;
+            }
+#pragma unroll
+            for (int k = 0; k < M_ROUND; ++k) big_m = m[k] > big_m ? m[k] : big_m;
+        }
     }
     // All slots empty: weights would be exp2(-inf - -inf); the state is the empty one.
     const float shift = big_m == neg_inf ? 0.0f : big_m;
