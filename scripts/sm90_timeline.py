@@ -74,8 +74,8 @@ __shared__ unsigned long long hipmla_sched_stamp[4];
 """
 SCHEDULE_EDITS = [
     ("namespace hipmla {\n\nstruct WorkItem {", "namespace hipmla {\n" + SCHEDULE_HELPERS + "\nstruct WorkItem {"),
-    ("    block_exclusive_scan<THREADS>(mine, sm, total, active);\n",
-     "    block_exclusive_scan<THREADS>(mine, sm, total, active);\n    HIPMLA_SCHED_STAMP(0);\n"),
+    ("    block_exclusive_scan<THREADS>(mine, sm, 0, p.batch, total, active);\n",
+     "    block_exclusive_scan<THREADS>(mine, sm, 0, p.batch, total, active);\n    HIPMLA_SCHED_STAMP(0);\n"),
     ("    if (qo_bad) atomic_or_block(&sm.qo_bad, 1);", "    HIPMLA_SCHED_STAMP(1);\n    if (qo_bad) atomic_or_block(&sm.qo_bad, 1);"),
     ("    block_sync();\n    WorkItem it = sm.item;", "    block_sync();\n    HIPMLA_SCHED_STAMP(2);\n    WorkItem it = sm.item;"),
     ("    block_sync();  // sm is free for the kernel's own use after this\n",

@@ -196,6 +196,20 @@ def _device_items(dump, layout: KvLayout, policy: SplitPolicy, qo=None, groups: 
     return out
 
 
+@pytest.mark.parametrize("batch", [1, 2, 7, 8, 9, 33])
+def test_device_schedule_on_both_sides_of_the_small_scan(dump, batch):
+    # core/schedule.h: up to SMALL_SCAN (8) sequences take the one-barrier scan
+    rng = np.random.default_rng(7 + batch)
+    lens = rng.integers(0, 3000, size=batch)
+    policy = dataclasses.replace(SplitPolicy.for_device(132), min_split_tokens=128)
+    got = _device_items(dump, KvLayout.contiguous(lens), policy)
+    s = schedule(lens, policy)
+    want = np.stack([s.seq, s.begin, s.end, np.arange(s.size), s.first_slot, s.n_items, s.row, s.slot_stride],
+                    axis=1)
+    np.testing.assert_array_equal(got[: s.size, :8], want)
+    assert (got[s.size:, 0] == -1).all()
+
+
 @pytest.mark.parametrize("seed", range(4))
 def test_device_schedule_equals_the_host_model(dump, seed):
     rng = np.random.default_rng(100 + seed)

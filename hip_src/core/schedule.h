@@ -37,7 +37,7 @@
 // Sum over s of k_s rows_s <= total / chunk + sum rows_s <= split_target + t_q head_groups
 // (chunk >= total / split_target), plus as much again with fast_tile: max_items() sizes
 // the grid and the scratch. Cost per block: ceil(b / THREADS) length reads per thread and
-// two block scans (three barriers each); divisions in 32 bits where the values fit.
+// two block scans (one barrier each up to SMALL_SCAN sequences, else three); divisions in 32 bits where the values fit.
 #pragma once
 
 #include "params.h"
@@ -60,6 +60,8 @@ struct WorkItem {
 
 // Values per first-level group of the block scan: THREADS / SCAN_GROUP group sums.
 constexpr int SCAN_GROUP = 16;
+// A batch of at most this many sequences takes the one-barrier scan.
+constexpr int SMALL_SCAN = 8;
 
 template <int THREADS>
 struct ScheduleSmem {
@@ -71,19 +73,47 @@ struct ScheduleSmem {
 };
 
 // Exclusive prefix sum over the block of one value per thread; `total` gets the sum.
-// Two levels through shared memory, three barriers (a log-step scan takes two per step,
-// 18 at 256 threads, and each one waits for the slowest wave): one thread per group of
-// SCAN_GROUP sums its group, then every thread adds the group sums before its own and
-// the values before it in its group (2 SCAN_GROUP loads, mostly broadcasts).
-// Only `active` threads (those with sequences) get the sum and their prefix; the others
-// get 0 and only meet the barriers. Every block runs the schedule before its first load,
-// all blocks at once: on the H200 (4 x 1k, 2 blocks of 8 warps an SM) it took ~3.7 us
-// while every warp ran all of it, though a batch of 4 gives one warp any work; 3.0 since.
+// `set` (0, 1) is the schedule's first or second scan. Only `active` threads (those with
+// sequences) get the sum and their prefix; the others get 0 and only meet the barriers.
+// Every block runs the schedule before its first load, all blocks at once: on the H200
+// (4 x 1k, 2 blocks of 8 warps an SM) it took ~3.7 us while every warp ran all of it,
+// though a batch of 4 gives one warp any work; 3.0 since. Its barriers wait for the
+// slowest warp, and Nsight Compute put 2,072 of the schedule's 3,911 stall samples at
+// them (32 x 1k, 2026-12-03).
+// A batch of at most SMALL_SCAN sequences (one a thread: threads 0 .. batch - 1): one
+// barrier. The values go to their set's SMALL_SCAN entries, so the second scan's stores
+// need not wait for the first's readers, and each active thread adds all of them itself
+// (broadcast loads, all in flight at once). On the H200 (sm_90 kernel, A/B in one
+// process, L2 flushed, scripts/results/h200-2026-12-03-sm90-ab-merge-small-scan.txt) it
+// took mxfp4 / fp8 4 x 1k 17.6 -> 17.1 / 17.2 -> 16.5 us and 4 x 8k 32.9 -> 32.4 /
+// 32.0 -> 31.2; with SMALL_SCAN 32 the 32 x 1k batch ran 0.3-1.0 us slower instead.
+// Otherwise two levels through shared memory, three barriers (a log-step scan takes two
+// per step, 18 at 256 threads): one thread per group of SCAN_GROUP sums its group, then
+// every thread adds the group sums before its own and the values before it in its group
+// (2 SCAN_GROUP loads, mostly broadcasts).
 template <int THREADS>
-HIPMLA_DEVICE long long block_exclusive_scan(long long v, ScheduleSmem<THREADS>& sm, long long& total, bool active) {
+HIPMLA_DEVICE long long block_exclusive_scan(long long v, ScheduleSmem<THREADS>& sm, int set, int batch, long long& total,
+                                             bool active) {
     static_assert(THREADS % SCAN_GROUP == 0, "whole scan groups");
+    static_assert(2 * SMALL_SCAN <= THREADS, "both small scans fit the scan array");
     constexpr int GROUPS = THREADS / SCAN_GROUP;
     const int tid = int(thread_index());
+    long long before = 0, all = 0;
+    if (batch <= SMALL_SCAN) {  // block-uniform
+        long long* scan = sm.scan + set * SMALL_SCAN;
+        if (active) scan[tid] = v;
+        block_sync();
+        if (active) {
+#pragma unroll
+            for (int j = 0; j < SMALL_SCAN; ++j) {
+                const long long x = j < batch ? scan[j] : 0;
+                all += x;
+                before += j < tid ? x : 0;
+            }
+        }
+        total = all;
+        return before;
+    }
     sm.scan[tid] = v;
     block_sync();
     if (tid < GROUPS) {
@@ -93,7 +123,6 @@ HIPMLA_DEVICE long long block_exclusive_scan(long long v, ScheduleSmem<THREADS>&
     }
     block_sync();
     const int group = tid / SCAN_GROUP;
-    long long before = 0, all = 0;
     if (active) {
         for (int k = 0; k < GROUPS; ++k) {
             const long long sum = sm.group_sum[k];
@@ -198,7 +227,7 @@ HIPMLA_DEVICE WorkItem schedule_item(const MlaDecodeParams& p, int block, Schedu
     // A thread with no sequence has no item to find: past the scans it only meets barriers.
     const bool active = s0 < s1;
     long long total = 0;
-    block_exclusive_scan<THREADS>(mine, sm, total, active);
+    block_exclusive_scan<THREADS>(mine, sm, 0, p.batch, total, active);
 
     long long chunk = 1;  // (no thread without a sequence uses it)
     if (active) {
@@ -227,7 +256,7 @@ HIPMLA_DEVICE WorkItem schedule_item(const MlaDecodeParams& p, int block, Schedu
                     (p.qo_indptr[0] != 0 || (p.q_tokens > 0 && p.qo_indptr[p.batch] != p.q_tokens));
     }
     long long n_all = 0;
-    long long first = block_exclusive_scan<THREADS>(count, sm, n_all, active);
+    long long first = block_exclusive_scan<THREADS>(count, sm, 1, p.batch, n_all, active);
     if (qo_bad) atomic_or_block(&sm.qo_bad, 1);  // after the scan's syncs: thread 0 set it first
     if (block >= first && block < first + count) {
         for (int s = s0; s < s1; ++s) {
