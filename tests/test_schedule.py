@@ -196,6 +196,13 @@ def _device_items(dump, layout: KvLayout, policy: SplitPolicy, qo=None, groups: 
     return out
 
 
+def _assert_items_are(got: np.ndarray, s) -> None:
+    """The device's items (_device_items) are the host model's, block for block."""
+    want = np.stack([s.seq, s.begin, s.end, np.arange(s.size), s.first_slot, s.n_items, s.row, s.slot_stride],
+                    axis=1)
+    np.testing.assert_array_equal(got[: s.size, :8], want)
+
+
 @pytest.mark.parametrize("batch", [1, 2, 7, 8, 9, 33])
 def test_device_schedule_on_both_sides_of_the_small_scan(dump, batch):
     # core/schedule.h: up to SMALL_SCAN (8) sequences take the one-barrier scan
@@ -204,9 +211,7 @@ def test_device_schedule_on_both_sides_of_the_small_scan(dump, batch):
     policy = dataclasses.replace(SplitPolicy.for_device(132), min_split_tokens=128)
     got = _device_items(dump, KvLayout.contiguous(lens), policy)
     s = schedule(lens, policy)
-    want = np.stack([s.seq, s.begin, s.end, np.arange(s.size), s.first_slot, s.n_items, s.row, s.slot_stride],
-                    axis=1)
-    np.testing.assert_array_equal(got[: s.size, :8], want)
+    _assert_items_are(got, s)
     assert (got[s.size:, 0] == -1).all()
 
 
@@ -222,9 +227,7 @@ def test_device_schedule_equals_the_host_model(dump, seed):
                                  long_range_tokens=[512, 700, 2048, 128][seed])
     got = _device_items(dump, layout, policy)
     s = schedule(lens, policy)
-    want = np.stack([s.seq, s.begin, s.end, np.arange(s.size), s.first_slot, s.n_items, s.row, s.slot_stride],
-                    axis=1)
-    np.testing.assert_array_equal(got[: s.size, :8], want)
+    _assert_items_are(got, s)
     assert (got[s.size:, 0] == -1).all()  # blocks past the batch's items have none
 
 
@@ -239,9 +242,7 @@ def test_device_schedule_of_several_query_tokens_and_heads_equals_the_host_model
     policy = SplitPolicy.for_device(int(rng.integers(1, 140)))
     got = _device_items(dump, layout, policy, qo, groups)
     s = schedule(lens, policy, q_lens=q_lens, head_groups=groups)
-    want = np.stack([s.seq, s.begin, s.end, np.arange(s.size), s.first_slot, s.n_items, s.row, s.slot_stride],
-                    axis=1)
-    np.testing.assert_array_equal(got[: s.size, :8], want)
+    _assert_items_are(got, s)
     assert (got[: s.size, 8] == 0).all()
     assert (got[s.size:, 0] == -1).all()
     # Every row of every query token has items; a row's items cover what its token sees.

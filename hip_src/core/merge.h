@@ -99,8 +99,9 @@ HIPMLA_DEVICE void merge_columns(const MlaDecodeParams& p, const WorkItem& it, i
     float head_ml[BATCH][2];
 #pragma unroll
     for (int j = 0; j < BATCH; ++j) load_slot(s0 + j * ds < s1 ? s0 + j * ds : s0, head_ml[j], head_acc[j]);
-    // M in rounds of M_ROUND slots whose loads are all in flight at once (predicated, so a
-    // merge of up to M_ROUND slots is one round trip, with no remainder loop after it).
+    // M: from the first batch when it holds every slot, else in rounds of M_ROUND slots
+    // whose loads are all in flight at once (predicated, so a merge of up to M_ROUND slots
+    // is one round trip, with no remainder loop after it).
     // A NaN m (a bad item's) never wins the compare, in any order: M is order-free.
     float big_m = neg_inf;
     if (s1 - s0 <= BATCH * ds) {  // the first batch holds every slot: M from its loads

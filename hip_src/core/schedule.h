@@ -37,7 +37,8 @@
 // Sum over s of k_s rows_s <= total / chunk + sum rows_s <= split_target + t_q head_groups
 // (chunk >= total / split_target), plus as much again with fast_tile: max_items() sizes
 // the grid and the scratch. Cost per block: ceil(b / THREADS) length reads per thread and
-// two block scans (one barrier each up to SMALL_SCAN sequences, else three); divisions in 32 bits where the values fit.
+// two block scans (one barrier each up to SMALL_SCAN sequences, else three); divisions
+// in 32 bits where the values fit.
 #pragma once
 
 #include "params.h"
