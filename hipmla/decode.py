@@ -188,7 +188,7 @@ class Decoder:
         if self._fast is not None:
             kw.update(fast_schedule=FAST_SCHEDULES[self.device.arch.split(":", 1)[0]], fast_any_length=True)
         else:
-            kw.update(tile_tokens=self._split.softmax_tile)
+            kw.update(tile_tokens=self._split.softmax_tile, products=self._split.products)
         return emulate_decode(q, kv, layout, self.config.sm_scale, self.policy, **kw)
 
     @property

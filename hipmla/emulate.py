@@ -32,6 +32,9 @@ from hipmla.validate import check_choice, check_positive_finite
 
 TILE_TOKENS = 64
 Q_PRECISIONS = ("bf16", "fp8", "mxfp4")
+#: What the tensor-core products take: bf16 (every kernel but one), or f16 (the sm_90
+#: kernel for an fp8 cache, whose e4m3 codes the hardware converts to f16): see f16_q.
+PRODUCTS = ("bf16", "f16")
 LOG2E = np.float32(1.4426950408889634)
 LN2 = np.float32(0.6931471805599453)
 
@@ -55,10 +58,28 @@ def quantize_q(q: np.ndarray, q_precision: str, fp8_variant: str = "e4m3fn") -> 
     return mx_fake_quantize(q, element, rule="floor")
 
 
+def f16_q(q: np.ndarray) -> np.ndarray:
+    """Q as f16 products see it (float64): each head's values (the last axis) times 2^k,
+    rounded to f16 nearest-even (subnormals kept), times 2^-k, with k = min(141 - E, 126)
+    and E the largest exponent field of the head's values (hip_src/decode/split_sm90.hip,
+    q_exponent): the head's largest |q| times 2^k lies in [2^14, 2^15), so every bf16 value
+    within 2^-29 of it comes back unchanged."""
+    q32 = np.asarray(q, dtype=np.float32)
+    e = ((q32.view(np.uint32) >> 23) & 0xFF).max(axis=-1, keepdims=True).astype(np.int64)
+    k = np.minimum(141 - e, 126).astype(np.float64)
+    with np.errstate(over="ignore", invalid="ignore"):
+        scaled = (q32.astype(np.float64) * np.exp2(k)).astype(np.float32).astype(np.float16)
+    return scaled.astype(np.float64) * np.exp2(-k)
+
+
 def emulate_work_item(
-    qf: np.ndarray, k: np.ndarray, scale_log2: np.float32, tile: int = TILE_TOKENS, d_v: int = D_V
+    qf: np.ndarray, k: np.ndarray, scale_log2: np.float32, tile: int = TILE_TOKENS, d_v: int = D_V,
+    products: str = "bf16",
 ) -> Partial:
-    """Online softmax over ``k (n, 576)`` (f32 values) in tiles, for all heads of ``qf``."""
+    """Online softmax over ``k (n, 576)`` (f32 values) in tiles, for all heads of ``qf``.
+    ``products="f16"``: the bf16 P enter P.V as f16 (exact for P >= 2^-17), while l sums
+    the bf16 values, as the sm_90 kernel does for an fp8 cache (its Q is :func:`f16_q`'s,
+    which the caller passes in ``qf``)."""
     heads = qf.shape[0]
     n = k.shape[0]
     if n == 0:
@@ -80,6 +101,8 @@ def emulate_work_item(
     w_tok = np.repeat(w_tile, tile, axis=1)[:, :n]
     pw = p * w_tok
     l = pw.sum(axis=1, dtype=np.float32)
+    if check_choice(products, "products", PRODUCTS) == "f16":
+        pw = p.astype(np.float16).astype(np.float32) * w_tok
     acc = (pw @ k[:, :d_v]).astype(np.float32)
     return Partial(acc, m_final[:, 0].astype(np.float32), l)
 
@@ -184,6 +207,7 @@ def emulate_decode(
     fast_schedule: FastSchedule = GFX950_SCHEDULE,
     fast_any_length: bool = False,
     qo_indptr=None,
+    products: str = "bf16",
 ) -> tuple[np.ndarray, np.ndarray]:
     """Predicted device output ``(n, h, 512)`` bf16 and LSE ``(n, h)`` f32 for the query
     tokens of the sequences ``seqs`` (default all; n = batch with one query token per
@@ -195,7 +219,8 @@ def emulate_decode(
     whole ``policy.fast_tile`` tiles follow ``fast_schedule``; the rest the portable
     kernel's tiles. ``fast_any_length``: the masked fast kernel takes every item, any
     length (a policy without ``fast_tile``, as the decoder launches it on gfx950/gfx942),
-    so every item follows ``fast_schedule``."""
+    so every item follows ``fast_schedule``. ``products``: what the tensor-core products
+    take (:data:`PRODUCTS`; ``"f16"``: Q through :func:`f16_q`, P into P.V as f16)."""
     from hipmla.queries import check_causal, check_heads, check_qo_indptr, q_lens
 
     if not isinstance(fast_any_length, (bool, np.bool_)):
@@ -228,6 +253,10 @@ def emulate_decode(
     layout.check_cache(kv.rows)
     scale_log2 = np.float32(np.float32(check_positive_finite(sm_scale, "sm_scale")) * LOG2E)
     qq = quantize_q(qf, q_precision, q_fp8_variant or kv.fp8_variant)
+    if check_choice(products, "products", PRODUCTS) == "f16":
+        if fast_any_length or policy.fast_tile:
+            raise ValueError("products: the fast schedules take bf16 products only")
+        qq = f16_q(qq)
     sel = np.arange(layout.batch) if seqs is None else np.asarray(seqs, dtype=np.int64)
     items = schedule(layout.seq_lens(), policy, q_lens=nq, head_groups=groups)
     tokens = [np.arange(qo[b], qo[b + 1]) for b in sel]
@@ -247,7 +276,7 @@ def emulate_decode(
                     if fast_any_length or (policy.fast_tile and t1 > t0 and (t1 - t0) % policy.fast_tile == 0):
                         parts.append(emulate_fast_item(qrow, k, scale_log2, fast_schedule))
                     else:
-                        parts.append(emulate_work_item(qrow, k, scale_log2, tile_tokens))
+                        parts.append(emulate_work_item(qrow, k, scale_log2, tile_tokens, products=products))
                 if len(parts) == 1:
                     out[i, h], lse[i, h] = finalize(parts[0].acc, parts[0].m, parts[0].l)
                 else:

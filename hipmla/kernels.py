@@ -117,6 +117,7 @@ class KernelSpec:
     archs: tuple[str, ...] = ()  # processors it builds for; () = every target
     tile_tokens: int = 0  # > 0: a tiled fast kernel's step (partial last tiles masked inside); 0: none
     softmax_tile: int = TILE_TOKENS  # tokens per online-softmax step (the emulator's tile)
+    products: str = "bf16"  # what its tensor-core products take (the emulator's products)
 
     def builds_for(self, arch: str) -> bool:
         """Whether this kernel exists for ``arch`` (target features ignored)."""
@@ -281,7 +282,7 @@ def sm90_shared_bytes(kv_format: str) -> int:
     stage = -(-(tile * row_stride + mult) // 128) * 128  # stages on 128-byte lines
     red = warps * heads * 40 * 4  # larger than the schedule's scan, which shares it
     pfrag = (tile // 16) * 32 * 4 * 4
-    tail = 2 * heads * 4 + 10 * 4 + 4  # alpha, l, the work item (10 ints), the arrive flag
+    tail = 3 * heads * 4 + 10 * 4 + 4  # alpha, l, qexp, the work item (10 ints), the arrive flag
     return -(-(stages * stage + red + pfrag + tail) // 128) * 128
 
 
@@ -297,6 +298,7 @@ def sm90_split_kernel(kv_format: str) -> KernelSpec:
         archs=("sm_90",),
         tile_tokens=0,
         softmax_tile=SM90_TILE_TOKENS,
+        products="f16" if kv_format == "fp8" else "bf16",
     )
 
 

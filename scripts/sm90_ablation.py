@@ -44,7 +44,8 @@ PARTS: dict[str, list[tuple[str, str]]] = {
             if (MXFP4) load_scales(tile + STAGES, r);
             issue_tile(tile + STAGES, stage, r);
         }""", "        cp_async_commit();")],
-    "convert": [("e4m3x4_to_bf16x2_scaled_down(wv[kk], w2);", "w2[0] = wv[kk]; w2[1] = wv[kk] >> 3;"),
+    "convert": [("kf[j][kk][0] = e4m3x2_to_f16x2<0>(wv[kk]);\n                    kf[j][kk][1] = e4m3x2_to_f16x2<1>(wv[kk]);",
+                 "kf[j][kk][0] = wv[kk];\n                    kf[j][kk][1] = wv[kk] >> 3;"),
                 ("e2m1x8_to_bf16x2_scaled_down(wv[k], w4);",
                  "w4[0] = wv[k]; w4[1] = wv[k] ^ mv; w4[2] = wv[k] + mv; w4[3] = wv[k] - mv;")],
     "movmatrix": [("vt[step][kk][r][0] = movmatrix_trans(kf[2 * step][kk][r]);", "vt[step][kk][r][0] = kf[2 * step][kk][r];"),
@@ -53,7 +54,7 @@ PARTS: dict[str, list[tuple[str, str]]] = {
     "partials": [("for (int w = 1; w < WARPS; ++w) {", "for (int w = 1; w < 1; ++w) {")],
     "pv": [("        for (int step = 0; step < PV_STEPS; ++step) {\n            const u32x4 pa",
             "        for (int step = 0; step < 0; ++step) {\n            const u32x4 pa")],
-    "qk_mma": [("for (int j = 0; j < NTILES; ++j) mma_bf16_16816(s[j], qa[kk], kf[j][kk][0], kf[j][kk][1]);",
+    "qk_mma": [("for (int j = 0; j < NTILES; ++j) mma_k16(s[j], qa[kk], kf[j][kk][0], kf[j][kk][1]);",
                 "for (int j = 0; j < NTILES; ++j) { s[j][0] += f32_from_bits(kf[j][kk][0]); "
                 "s[j][1] += f32_from_bits(kf[j][kk][1]); }")],
     "barriers": [("""            *reinterpret_cast<f32x2*>(&sm.x.red[warp][g + 8][8 * j + 2 * t]) = f32x2{s[j][2], s[j][3]};

@@ -116,7 +116,8 @@ def run_once(kernel: Sm90Kernel, q, kv, layout):
 def compare(out, lse, q, kv, layout, sm_scale, policy, seqs) -> dict:
     """Worst device-vs-emulator errors on the sequences ``seqs`` (emulator: 32-token tiles)."""
     emu_out, emu_lse = emulate_decode(q, kv, layout, sm_scale, policy, q_precision="bf16",
-                                      q_fp8_variant="e4m3fn", seqs=seqs, tile_tokens=SM90_TILE_TOKENS)
+                                      q_fp8_variant="e4m3fn", seqs=seqs, tile_tokens=SM90_TILE_TOKENS,
+                                      products=kernels.sm90_split_kernel(kv.format).products)
     o = np.asarray(out[seqs], np.float32)
     e = np.asarray(emu_out, np.float32)
     scale = float(np.abs(e).max(initial=0)) or 1.0

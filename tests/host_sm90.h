@@ -56,27 +56,59 @@ auto exchange(const T& mine, F&& f) {
     return hipmla_lanes::exchange<WARP>(mine, f);
 }
 
-// mma.sync m16n8kK (K = 16 or 8), row.col, bf16 in, f32 accumulate (PTX ISA 9.7.14.5.8):
+// f16 bits (the low 16 of h) as a value, exactly.
+inline double f16_value(unsigned h) {
+    const unsigned e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
+    const double sign = (h & 0x8000u) ? -1.0 : 1.0;
+    if (e == 31u) return m ? std::nan("") : sign * HUGE_VAL;
+    return sign * (e ? std::ldexp(double(1024u + m), int(e) - 25) : std::ldexp(double(m), -24));
+}
+
+// f32 to f16 bits, round to nearest even, subnormals kept, overflow to inf (cvt.rn.f16.f32).
+inline unsigned f16_rne(float x) {
+    const unsigned b = __builtin_bit_cast(unsigned, x);
+    const unsigned sign = (b >> 16) & 0x8000u, a = b & 0x7fffffffu;
+    if (a > 0x7f800000u) return sign | 0x7e00u;   // NaN
+    if (a >= 0x477ff000u) return sign | 0x7c00u;  // 65520 and up round to inf
+    if (a >= 0x38800000u) {                       // an f16 normal: 23 mantissa bits to 10
+        const unsigned m = a - 0x38000000u;
+        const unsigned round = (m >> 12) & 1u, sticky = (m & 0xfffu) != 0u, odd = (m >> 13) & 1u;
+        return sign | ((m >> 13) + (round & (sticky | odd)));
+    }
+    // Subnormal: a multiple of 2^-24, rounded as an integer (x * 2^24 is exact).
+    return sign | unsigned(std::nearbyint(double(__builtin_bit_cast(float, a)) * 0x1p24));
+}
+
+// An e4m3fn code as a value (0x7f / 0xff: NaN; no infinities).
+inline double e4m3_value(unsigned byte) {
+    const unsigned e = (byte >> 3) & 0xfu, m = byte & 7u;
+    const double sign = (byte & 0x80u) ? -1.0 : 1.0;
+    if (e == 15u && m == 7u) return std::nan("");
+    return sign * (e ? std::ldexp(double(8u + m), int(e) - 10) : std::ldexp(double(m), -9));
+}
+
+// mma.sync m16n8kK (K = 16 or 8), row.col, bf16 (or, F16, f16) in, f32 accumulate (PTX ISA 9.7.14.5.8):
 // lane 4 g + t; A regs (row g | g + 8, cols 2t.. | 2t + 8..), B regs (rows 2t.. | 2t + 8..,
 // col g), D (row g | g + 8, cols 2t, 2t + 1). Exact products summed in double, rounded once.
 struct MmaIn {
     unsigned a[4], b[2];
 };
 
-template <int K>
+template <int K, bool F16 = false>
 inline void mma(float (&d)[4], const MmaIn& mine) {
+    auto value = [](unsigned h) { return F16 ? f16_value(h & 0xffffu) : hipmla_lanes::bf16_value(h); };
     auto r = exchange(mine, [&](auto peer) {
         MmaIn all[WARP];
         for (int l = 0; l < WARP; ++l) all[l] = peer(l);
         // A(row, k): lane 4 (row % 8) + (k % 8) / 2, reg (row / 8) + 2 (k / 8), half k % 2.
         auto a = [&](int row, int k) {
             const unsigned w = all[4 * (row % 8) + (k % 8) / 2].a[(row / 8) + 2 * (k / 8)];
-            return hipmla_lanes::bf16_value(w >> (16 * (k % 2)));
+            return value(w >> (16 * (k % 2)));
         };
         // B(k, col): lane 4 col + (k % 8) / 2, reg k / 8, half k % 2.
         auto b = [&](int k, int col) {
             const unsigned w = all[4 * col + (k % 8) / 2].b[k / 8];
-            return hipmla_lanes::bf16_value(w >> (16 * (k % 2)));
+            return value(w >> (16 * (k % 2)));
         };
         const int l = lane(), g = l / 4, t = l % 4;
         struct Out { float v[4]; } out;
@@ -97,6 +129,21 @@ inline void mma_bf16_16816(float (&d)[4], const unsigned (&a)[4], unsigned b0, u
 
 inline void mma_bf16_1688(float (&d)[4], unsigned a0, unsigned a1, unsigned b0) {
     mma<8>(d, MmaIn{{a0, a1, 0u, 0u}, {b0, 0u}});
+}
+
+inline void mma_f16_16816(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+    mma<16, true>(d, MmaIn{{a[0], a[1], a[2], a[3]}, {b0, b1}});
+}
+
+inline void mma_f16_1688(float (&d)[4], unsigned a0, unsigned a1, unsigned b0) {
+    mma<8, true>(d, MmaIn{{a0, a1, 0u, 0u}, {b0, 0u}});
+}
+
+// cvt.rn.f16x2.e4m3x2 of bits 16 HALF .. 16 HALF + 15 (every e4m3 value is an f16 value).
+template <int HALF>
+inline unsigned e4m3x2_to_f16x2(unsigned q) {
+    const unsigned two = q >> (16 * HALF);
+    return f16_rne(float(e4m3_value(two & 0xffu))) | (f16_rne(float(e4m3_value((two >> 8) & 0xffu))) << 16);
 }
 
 // movmatrix.sync.m8n8.trans.b16: lane (g, t) receives elements (2t, g) and (2t + 1, g).
@@ -125,6 +172,7 @@ template <unsigned M>
 inline unsigned and_bits(unsigned a) { return a & M; }
 inline unsigned loop_invariant(unsigned v) { return v; }
 inline unsigned pack_bf16x2_rn(float lo, float hi) { return hipmla_lanes::bf16_rne(lo) | (hipmla_lanes::bf16_rne(hi) << 16); }
+inline unsigned pack_f16x2_rn(float lo, float hi) { return f16_rne(lo) | (f16_rne(hi) << 16); }
 
 inline float exp2_approx(float x) {
     const float r = std::exp2(x);
@@ -149,6 +197,10 @@ inline unsigned dynamic_smem_size() { return HOST_SMEM_BYTES; }
 
 inline float warp_xor_max(float v, int lane_mask) {
     const float o = exchange(v, [lane_mask](auto peer) { return peer(lane() ^ lane_mask); });
+    return o > v ? o : v;
+}
+inline unsigned warp_xor_max_u32(unsigned v, int lane_mask) {
+    const unsigned o = exchange(v, [lane_mask](auto peer) { return peer(lane() ^ lane_mask); });
     return o > v ? o : v;
 }
 inline float warp_xor_sum(float v, int lane_mask) {

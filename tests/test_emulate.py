@@ -17,11 +17,12 @@ from hipmla.emulate import (
     FastSchedule,
     emulate_decode,
     emulate_fast_item,
+    f16_q,
     emulate_work_item,
     merge,
     quantize_q,
 )
-from hipmla.formats import quantize_kv
+from hipmla.formats import quantize_kv, to_bf16
 from hipmla.inputs import make_inputs
 from hipmla.paging import gather, random_page_table, scatter
 from hipmla.schedule import SplitPolicy, schedule
@@ -523,3 +524,50 @@ def test_a_slice_of_the_accuracy_sweep_stays_in_the_stated_bounds():
     # the Q precisions keep their order on serving-like lengths too
     med = {qp: float(np.median([r[0] for r in errors[qp]])) for qp in SWEEP_BOUNDS}
     assert 5 * med["bf16"] < med["fp8"] and 2 * med["fp8"] < med["mxfp4"], med
+
+
+# ----------------------------------------------------------------------------- f16 products
+
+
+def test_f16_q_keeps_each_heads_bf16_values_within_its_range():
+    """Q through f16 products: each head times its own power of two, so a head at either end
+    of the bf16 range comes back bit for bit; only values far below their head's largest
+    round (to f16's subnormal grid, times the head's 2^-k)."""
+    rng = np.random.default_rng(4)
+    q = rng.standard_normal((3, 4, 576)).astype(np.float32)
+    q *= np.exp2([-120.0, -30.0, 0.0, 100.0])[None, :, None]
+    q = to_bf16(q).astype(np.float32)
+    out = f16_q(q)
+    assert out.dtype == np.float64 and np.array_equal(out, q)
+    # A head whose values span 2^40: the small ones land below f16's normals and round.
+    span = q.copy()
+    span[:, 2, ::2] = to_bf16(span[:, 2, ::2] * 2.0 ** -40).astype(np.float32)
+    out = f16_q(span)
+    assert np.array_equal(out[:, 2, 1::2], span[:, 2, 1::2]) and np.array_equal(out[:, [0, 1, 3]], span[:, [0, 1, 3]])
+    small = span[:, 2, ::2].astype(np.float64)
+    k = 141 - ((span[:, 2:3].view(np.uint32) >> 23) & 0xFF).max(axis=-1).astype(np.float64)  # per token
+    grid = np.exp2(-24 - k)  # f16's subnormal step, scaled back
+    assert (np.abs(out[:, 2, ::2] - small) <= grid / 2).all() and (out[:, 2, ::2] != small).any()
+    # Zeros stay zeros (the exponent clamps at 126), non-finite values stay non-finite.
+    edge = np.zeros((1, 2, 576), np.float32)
+    edge[0, 1, 0], edge[0, 1, 1], edge[0, 1, 2] = np.inf, np.nan, 1.0
+    got = f16_q(edge)
+    assert (got[0, 0] == 0).all() and np.isposinf(got[0, 1, 0]) and np.isnan(got[0, 1, 1])
+
+
+def test_f16_products_round_p_to_f16_only_for_pv():
+    """products="f16": l sums the bf16 P as before; P.V takes them as f16, which differs
+    only for P below 2^-17 (here one weight of ~2^-20 carries a whole column)."""
+    q = np.zeros((1, 576), np.float32)
+    q[0, 0] = 1.0
+    k = np.zeros((2, 576), np.float32)
+    k[0, 0], k[1, 0] = 0.0, -20.7  # scores 0 and -20.7 (scale 1): P = 1 and ~2^-20.7
+    k[1, 5] = 1.0                  # column 5 only from the small weight
+    k[0, 6] = k[1, 6] = 1.0
+    a = emulate_work_item(q, k, np.float32(1.0), tile=32)
+    b = emulate_work_item(q, k, np.float32(1.0), tile=32, products="f16")
+    p_small = to_bf16(np.exp2(np.float32(-20.7))).astype(np.float32)
+    assert np.array_equal(a.l, b.l) and np.array_equal(a.m, b.m)
+    assert a.acc[0, 5] == p_small and b.acc[0, 5] == np.float32(np.float16(p_small)) and a.acc[0, 5] != b.acc[0, 5]
+    with pytest.raises(ValueError, match="products"):
+        emulate_work_item(q, k, np.float32(1.0), products="fp8")

@@ -648,9 +648,27 @@ def test_sm90_kernel_on_cpu_matches_emulator(host_kernels, kv_format):
     32-token softmax tiles. On every CI machine, not only the H200 (tests/test_sm90.py)."""
     q, kv, layout = _case(kv_format, "e4m3fn", seed=len(kv_format) + 11)
     errors = np.zeros(1, np.int32)
-    out, lse, counters = run_on_host(host_kernels, q, kv, layout, POLICY, 1 / 24, "bf16", "sm_90", errors,
-                                     spec=kernels.sm90_split_kernel(kv_format))
-    emu_out, emu_lse = emulate_decode(q, kv, layout, 1 / 24, POLICY, tile_tokens=SM90_TILE_TOKENS)
+    spec = kernels.sm90_split_kernel(kv_format)
+    out, lse, counters = run_on_host(host_kernels, q, kv, layout, POLICY, 1 / 24, "bf16", "sm_90", errors, spec=spec)
+    emu_out, emu_lse = emulate_decode(q, kv, layout, 1 / 24, POLICY, tile_tokens=SM90_TILE_TOKENS,
+                                      products=spec.products)
+    assert errors[0] == 0 and (counters == 0).all()
+    assert_matches_emulator(out, lse, emu_out.astype(np.float32), emu_lse)
+
+
+def test_sm90_fp8_kernel_on_cpu_f16_products_of_extreme_q(host_kernels):
+    """The fp8 cache's f16 products (each head's Q times its own power of two) on heads at
+    both ends of the bf16 range, a head of zeros and one whose values span 2^40: the kernel
+    as the emulator's f16_q says, where Q in f16 without the power of two would overflow or
+    flush whole heads."""
+    from test_sm90 import extreme_q
+
+    q, kv, layout = _case("fp8", "e4m3fn", seed=31)
+    q = extreme_q(np.random.default_rng(32), len(LENS))
+    errors = np.zeros(1, np.int32)
+    spec = kernels.sm90_split_kernel("fp8")
+    out, lse, counters = run_on_host(host_kernels, q, kv, layout, POLICY, 1 / 24, "bf16", "sm_90", errors, spec=spec)
+    emu_out, emu_lse = emulate_decode(q, kv, layout, 1 / 24, POLICY, tile_tokens=SM90_TILE_TOKENS, products="f16")
     assert errors[0] == 0 and (counters == 0).all()
     assert_matches_emulator(out, lse, emu_out.astype(np.float32), emu_lse)
 

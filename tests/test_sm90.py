@@ -350,6 +350,21 @@ def test_sm90_counts_of_the_mxfp4_kernel(tmp_path):
 
 @pytest.mark.skipif(nvidia.find_cuda_tool("nvcc") is None or nvidia.find_cuda_tool("cuobjdump") is None,
                     reason="no nvcc / cuobjdump")
+def test_sm90_counts_of_the_fp8_kernel(tmp_path):
+    """The fp8 cache's tile loop converts its e4m3 codes with the hardware (one F2FP a word:
+    32 latent + 4 rope) into f16 tensor-core products; no bf16 product and no hand-placed
+    bits (the bf16 path took 359 instructions a warp and tile, 2026-12-03)."""
+    counts = _script("sm90_counts")
+    symbol, sass = counts.compile_sass("fp8", None, tmp_path)
+    c = counts.count(sass, symbol)
+    assert c.mix["F2FP.F16.E4M3.UNPACK_B"] == 36
+    assert c.mix["HMMA.16816.F32"] == 32 and c.mix["HMMA.1688.F32"] == 4 and c.mix["MOVM.16.MT88"] == 32
+    assert not any(op.startswith(("HMMA.16816.F32.BF16", "HMUL2", "HFMA2")) for op in c.mix)
+    assert c.straight <= 260, c.straight
+
+
+@pytest.mark.skipif(nvidia.find_cuda_tool("nvcc") is None or nvidia.find_cuda_tool("cuobjdump") is None,
+                    reason="no nvcc / cuobjdump")
 @pytest.mark.parametrize("kv_format", ["bf16", "mxfp4"])
 def test_partial_slots_leave_in_16_byte_stores(kv_format, tmp_path):
     """The item's partial (16 heads x 512 f32) leaves in 8 16-byte stores a thread, the bf16
@@ -470,3 +485,48 @@ def test_gpu_ragged_paged_batches_match_the_emulator(kv_format):
         ref_out, ref_lse = mla_decode_reference(q, pool, layout, sm_scale, seqs=seqs)
         err = np.abs(np.asarray(out[seqs], np.float32) - ref_out)
         assert (err <= 2e-2 * (1 + np.abs(ref_out))).all(), f"{what}: worst error vs reference {err.max():.3e}"
+
+
+@pytest.mark.gpu
+def test_gpu_fp8_f16_products_of_extreme_q():
+    """The fp8 kernel's f16 products on the H200: heads near both ends of the bf16 range
+    (each its own power of two, q_exponent), a head of zeros and a head whose values span
+    2^40 come out as the emulator's f16_q says."""
+    from hipmla import runtime
+
+    if not runtime.available() or runtime.device_info(0).arch != "sm_90":
+        pytest.skip("needs an sm_90 GPU")
+    trial = _script("sm90_trial")
+    rng = np.random.default_rng(91)
+    lens = np.array([1, 33, 300, 2000, 0, 129])
+    layout = random_page_table(lens, 16, rng, spare_pages=3)
+    pool = random_cache((int(layout.kv_indices.max(initial=0)) + 1) * 16, "fp8", rng)
+    q = extreme_q(rng, lens.shape[0])
+    kernel = trial.Sm90Kernel("fp8", 1 / 24, lens.shape[0])
+    try:
+        out, lse = trial.run_once(kernel, q, pool, layout)
+    finally:
+        kernel.close()
+    emu_out, emu_lse = emulate_decode(q, pool, layout, 1 / 24, kernel.policy, tile_tokens=SM90_TILE_TOKENS,
+                                      products="f16")
+    o, e = out.astype(np.float32), emu_out.astype(np.float32)
+    assert np.isfinite(o).all()
+    err = np.abs(o - e)
+    assert (err <= 2.0 ** -7 * np.abs(e) + 1e-3 * np.abs(e).max()).all(), f"worst {err.max():.3e}"
+    # Heads scaled by 2^100 have LSEs near 1e30: relative bounds, and wider than for N(0,1)
+    # Q: the scores of these heads cancel terms many times their size, and the f32 sums
+    # in the tensor cores' order differ from the emulator's f64 by 2e-5 of the score
+    # (the H200, 2026-12-04: one head at 2^40, LSE -8.854e9).
+    fin = np.isfinite(emu_lse)
+    assert (np.isfinite(lse) == fin).all()
+    np.testing.assert_allclose(lse[fin], emu_lse[fin], rtol=2e-4, atol=1e-3)
+
+
+def extreme_q(rng, batch: int) -> np.ndarray:
+    """bf16 Q whose heads test f16 products: scales 2^-120 .. 2^100, a head of zeros, a head
+    with half its values 2^-40 below the rest (rounded to f16's subnormals)."""
+    qf = rng.standard_normal((batch, 16, 576), dtype=np.float32)
+    qf *= np.exp2([-120, -100, -40, -14, 0, 15, 16, 17, 40, 100, 0, 0, 3, -3, 0, 0])[None, :, None]
+    qf[:, 10, ::2] *= 2.0 ** -40
+    qf[:, 11] = 0.0
+    return qf.astype(ml_dtypes.bfloat16)

@@ -53,6 +53,23 @@ HIPMLA_DEVICE void mma_bf16_1688(float (&d)[4], unsigned a0, unsigned a1, unsign
         : "r"(a0), "r"(a1), "r"(b0));
 }
 
+// The same two shapes with f16 inputs (.f32.f16.f16.f32): the fp8 cache's path, whose
+// e4m3 codes the hardware converts to f16 in one instruction (e4m3x2_to_f16x2 below).
+HIPMLA_DEVICE void mma_f16_16816(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+        "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+HIPMLA_DEVICE void mma_f16_1688(float (&d)[4], unsigned a0, unsigned a1, unsigned b0) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32 "
+        "{%0, %1, %2, %3}, {%4, %5}, {%6}, {%0, %1, %2, %3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a0), "r"(a1), "r"(b0));
+}
+
 // The transpose of an 8 x 8 b16 matrix held in fragment layout, returned in fragment
 // layout (PTX ISA 9.7.14.5.16 "movmatrix", .m8n8.trans.b16): lane (g, t) receives
 // elements (2t, g) and (2t + 1, g) of the source.
@@ -111,6 +128,30 @@ HIPMLA_DEVICE unsigned loop_invariant(unsigned v) {
 HIPMLA_DEVICE unsigned pack_bf16x2_rn(float lo, float hi) {
     unsigned d;
     asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(d) : "f"(hi), "f"(lo));
+    return d;
+}
+
+// Two f32 to f16x2, round to nearest even with f16 subnormals (PTX ISA 9.7.9.21 "cvt",
+// .rn.f16x2.f32: the first source goes to the upper half), `lo` in the low half.
+HIPMLA_DEVICE unsigned pack_f16x2_rn(float lo, float hi) {
+    unsigned d;
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(d) : "f"(hi), "f"(lo));
+    return d;
+}
+
+// The two e4m3fn codes in bits 0-15 (HALF 0) or 16-31 (HALF 1) of q to f16x2, the lower
+// byte in the low half (PTX ISA 9.7.9.21 "cvt", .rn.f16x2.e4m3x2, sm_89+): exact, every
+// e4m3 value (subnormals included) being an f16 value; the NaN codes 0x7f / 0xff give
+// NaN. One F2FP.F16.E4M3.UNPACK_B each (its .H1 operand form reads the upper half), where
+// placing the bits by hand into bf16 took 3.5 instructions a word.
+template <int HALF>
+HIPMLA_DEVICE unsigned e4m3x2_to_f16x2(unsigned q) {
+    static_assert(HALF == 0 || HALF == 1, "a half of the word");
+    unsigned d;
+    if (HALF == 0)
+        asm("{\n.reg .b16 lo, hi;\nmov.b32 {lo, hi}, %1;\ncvt.rn.f16x2.e4m3x2 %0, lo;\n}\n" : "=r"(d) : "r"(q));
+    else
+        asm("{\n.reg .b16 lo, hi;\nmov.b32 {lo, hi}, %1;\ncvt.rn.f16x2.e4m3x2 %0, hi;\n}\n" : "=r"(d) : "r"(q));
     return d;
 }
 
@@ -197,6 +238,10 @@ HIPMLA_DEVICE unsigned dynamic_smem_size() {
 
 HIPMLA_DEVICE float warp_xor_max(float v, int lane_mask) {
     const float o = __shfl_xor_sync(0xffffffffu, v, lane_mask);
+    return o > v ? o : v;
+}
+HIPMLA_DEVICE unsigned warp_xor_max_u32(unsigned v, int lane_mask) {
+    const unsigned o = __shfl_xor_sync(0xffffffffu, v, lane_mask);
     return o > v ? o : v;
 }
 HIPMLA_DEVICE float warp_xor_sum(float v, int lane_mask) { return v + __shfl_xor_sync(0xffffffffu, v, lane_mask); }

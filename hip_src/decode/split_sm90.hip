@@ -70,18 +70,25 @@
 // Dynamic shared memory: sizeof(Smem) = hipmla.kernels.sm90_shared_bytes(kv_format)
 // (the kernel traps if it gets less).
 //
-// Numerics (what differs from split.hip is only inside KERNELS.md's "any order"):
-//   bf16 KV: K, V used as stored. fp8: each e4m3 code becomes bf16(v * 2^-120) by bit
-//   placement (subnormals included) and one exact bf16 multiply by 2^120; the tensor scale
-//   multiplies scores (sm_scale_log2 * kv_fp8_scale, that product first) and the final
-//   accumulator, as in split.hip. mxfp4: each E2M1 code becomes bf16(v * 2^-126) (the
+// Numerics (what differs from split.hip is inside KERNELS.md's "any order", except fp8's
+// f16 products, which the emulator models: products="f16"):
+//   bf16 KV: K, V used as stored. fp8: the products take f16, not bf16: the hardware
+//   converts two e4m3 codes to f16x2 in one instruction (exact, subnormals included; the
+//   NaN codes 0x7f / 0xff give NaN), where placing the bits into bf16 by hand took 3.5
+//   instructions a word (sm_90 has no e4m3 -> bf16 conversion). Q' = f16_rne(Q * 2^k) per
+//   head (q_exponent: the head's largest |q| times 2^k in [2^14, 2^15), so every bf16
+//   value within 2^-29 of it is exact and the scores are the bf16 products' ones; smaller
+//   values round to f16's subnormals: hipmla.emulate.f16_q) and the scores are multiplied
+//   by 2^-k before the scale; P enters P.V as f16(bf16_rne(p)), exact for P >= 2^-17,
+//   while l sums the bf16 values. The tensor scale multiplies scores (sm_scale_log2 *
+//   kv_fp8_scale, that product first) and the final accumulator, as in split.hip. mxfp4: each E2M1 code becomes bf16(v * 2^-126) (the
 //   subnormal code 0.5 -> 2^-127), multiplied by 2^(s - 65) for its block's E8M0 s, i.e.
 //   K' = V' = value * 2^-64 exactly, and Q' = Q * 2^64 (exact), so Q'K' = QK exactly and
 //   the final accumulator is multiplied by 2^64. Exact for block scales 2^(s-127) in
 //   [2^-68, 2^65] (E8M0 59..192) and |q| < 2^64: a smaller block scale rounds the block's
 //   elements to bf16 subnormals (they are below 2^-66 anyway), a larger one saturates the
 //   multiplier to +inf (E8M0 255, NaN by the format, also gives inf / NaN outputs).
-//   fp8 NaN codes (0x7f, 0xff) decode as +-480 (x scale), not NaN. Scores: f32 partial dot
+//   Scores: f32 partial dot
 //   products per warp (tensor-core order), added over the 8 warps in warp order, times
 //   the scale. exp2 is the MUFU ex2.approx.ftz (a few ulp, results below 2^-126 flushed:
 //   such P and alpha are 0 here). P rounded to bf16 RNE (cvt.rn.bf16x2); l kept per lane (16 lanes per head) and added at the
@@ -93,9 +100,10 @@
 // Budget (nvcc 13.0 / ptxas, sm_90): registers <= 128 in every format (the cap of 2 blocks
 // per SM), no stack, no spills; dynamic shared memory 96,768 / 96,000 / 67,840 B. The path
 // a warp runs on most tiles (no O rescale, no max chain, a contiguous cache's rows;
-// scripts/sm90_counts.py counts it from the SASS; 2026-12-03) is bf16 202, fp8 358, mxfp4
-// 396 instructions, i.e. x 8 warps / 32 tokens = 50.5 / 89.5 / 99.0 warp-instructions a
-// token, of which 9 HMMA + 8 MOVM; the O rescale adds 32 (a tile that lowers alpha), the
+// scripts/sm90_counts.py counts it from the SASS; 2026-12-04) is bf16 202, fp8 244, mxfp4
+// 392 instructions, i.e. x 8 warps / 32 tokens = 50.5 / 61.0 / 98.0 warp-instructions a
+// token, of which 9 HMMA + 8 MOVM (fp8 359 = 89.8 before its f16 products, 2026-12-04:
+// 36 F2FP.F16.E4M3.UNPACK_B took the place of ~150 shifts, lop3 and bf16x2 multiplies); the O rescale adds 32 (a tile that lowers alpha), the
 // max chain 19 (a tile that raises the running max), a paged cache's page-table read 15.
 // mxfp4's K dequantization (56 shifts and 48 lop3 for the 32 latent words, 2 multiplies and
 // 2 lop3 for each of the 4 rope words, 36 bf16x2 multiplies) is ~156 of the 396. Before
@@ -183,11 +191,16 @@
 // with 4 warps a scheduler an HMMA.16816 takes its scheduler 6.2-6.7 cycles, HMMA.1688 4.3,
 // MOVM 4.0, lop3 / shift 2.06, IMAD 2.0, bf16x2 fma 1.17, and an HMMA does not run beside
 // the others (HMMA + 4 lop3: 13.6 cycles, 6.7 + 8.3 alone). Priced so, a warp's tile issues
-// for 698-904 (mxfp4) / 665-837 (fp8) / 506-552 (bf16) cycles (ALU beside FMA-pipe work as
+// for 698-904 (mxfp4) / 665-837 (fp8 before its f16 products; 584-636 since) / 506-552 (bf16) cycles (ALU beside FMA-pipe work as
 // far as they overlapped there, or not at all), the tensor part (mma + transposes) 353 of
 // them; the kernel takes 822 / 793 at 256 x 8k (1.80 GHz), and the tile's bytes at 4.1 TB/s
-// leave 284 / 534 / 1068: issue holds mxfp4 to at most ~41% and fp8 to ~80% of the read
-// bandwidth, and the tensor part alone takes more than mxfp4's 284.
+// leave 284 / 534 / 1068: issue holds mxfp4 to at most ~41% and fp8 to ~80% (~92% since) of
+// the read bandwidth, and the tensor part alone takes more than mxfp4's 284.
+// The f16 products measured (H200, 2026-12-04, A/B in one process, L2 flushed, read 4131
+// GB/s, scripts/results/h200-2026-12-04-sm90-ab-f16-fp8.txt): fp8 4x1k 16.7 -> 16.3 us,
+// 32x8k 71.6 -> 66.4, 64x8k 121.2 -> 111.1, 256x1k 69.7 -> 64.8, 256x8k 429.7 -> 391.0
+// (68% -> 75% of read); mxfp4 (unchanged code) within 0.3 us. Short of the model's ~92%:
+// the time no longer follows the instruction count alone.
 // Tried and dropped (H200, 2026-12-03, A/B in one process, L2 flushed, all builds through
 // their self-test, sanitizer-clean; scripts/results/h200-2026-12-03-sm90-stages-vstage.txt):
 // V through each warp's own bf16 stage in shared memory (8 st.shared.v4 of the K' registers
@@ -230,6 +243,10 @@ using namespace sm90;
 constexpr int KV = HIPMLA_KV_FORMAT;
 constexpr bool MXFP4 = KV == FORMAT_MXFP4;
 constexpr bool FP8 = KV == FORMAT_FP8;
+// The tensor-core products take f16 inputs for the fp8 cache (the hardware converts two e4m3
+// codes to f16x2 in one instruction; there is no such conversion to bf16 on sm_90), bf16
+// otherwise.
+constexpr bool F16 = FP8;
 constexpr int WARPS = 8;
 constexpr int THREADS = WARPS * WARP;
 constexpr int TILE = 32;                            // tokens per softmax step (emulator tile)
@@ -260,10 +277,9 @@ constexpr int QSHIFT = MXFP4 ? 64 : 0;              // Q' = Q * 2^QSHIFT, K' = K
 constexpr int RED_STRIDE = 40;                      // floats per (warp, head) row of red
 constexpr int PRODUCER_ROWS = THREADS / 8;          // one row per 8 threads
 constexpr int SCALE_SLOTS = (SCALES + 7) / 8;       // E8M0 bytes per producer thread
-constexpr unsigned BF16X2_2P120 = 0x7B807B80u;      // (2^120, 2^120)
 // dims of a lane's register: dim = 64 w + 16 t + dim_offset(kk, r) + DIM_STEP * e, where
 // kk = k-step, r = register of the B operand (slots 2t.. or 2t+8..), e = half.
-constexpr int DIM_STEP = KV == FORMAT_BF16 ? 1 : FP8 ? 2 : 4;
+constexpr int DIM_STEP = MXFP4 ? 4 : 1;
 
 static_assert(THREADS == BLOCK_THREADS, "the kernel launches the project's block size");
 static_assert(HEADS == 16, "16 heads are the M dimension of mma.m16n8k16");
@@ -274,7 +290,7 @@ static_assert(ROW_BYTES % 16 == 0 && ROW_STRIDE % 16 == 0, "16-byte copies");
 static_assert(MX_BLOCK % 16 == 0, "a lane's 16 latent dims lie in one E8M0 block");
 
 HIPMLA_DEVICE constexpr int dim_offset(int kk, int r) {
-    return KV == FORMAT_BF16 ? 4 * kk + 2 * r : FP8 ? 4 * kk + r : 8 * (kk >> 1) + 2 * (kk & 1) + r;
+    return MXFP4 ? 8 * (kk >> 1) + 2 * (kk & 1) + r : 4 * kk + 2 * r;
 }
 HIPMLA_DEVICE int dim_of(int w, int t, int kk, int r, int e) { return V_DIMS * w + 16 * t + dim_offset(kk, r) + DIM_STEP * e; }
 
@@ -300,6 +316,7 @@ struct alignas(128) Smem {
     alignas(16) unsigned pfrag[PV_STEPS][WARP][4];    // P in P.V A-operand order
     float alpha[HEADS];
     float l[HEADS];
+    int qexp[HEADS];  // f16 products: Q' = Q * 2^qexp[h] (q_exponent)
     WorkItem item;  // read back after the tiles, whose registers it would otherwise hold
     int last;
 };
@@ -313,6 +330,35 @@ HIPMLA_DEVICE unsigned q_scaled(const unsigned short* q, int h, int d) {
     const unsigned bits = q[h * D_QK + d];
     if (QSHIFT == 0) return bits;
     return f32_to_bf16_bits(bf16_to_f32(bits) * exp2_int(QSHIFT));
+}
+
+// The f16 products' Q: Q' = Q * 2^k for head h, k = 141 - E with E the largest exponent
+// field of the head's bf16 values (`max_bits`: the largest |q| as bits), so that the largest
+// |q'| lies in [2^14, 2^15): every bf16 value within 2^-29 of the head's largest is an f16
+// normal, exact, and the f32 scores times 2^-k are the bf16 products' scores. At most 126
+// (2^-k stays an f32 normal): a head of zeros or of values below 2^-112 keeps less headroom.
+// A non-finite q (E = 255) gives k = -114, and its inf or NaN stays one.
+HIPMLA_DEVICE unsigned max_u32(unsigned a, unsigned b) { return a > b ? a : b; }
+HIPMLA_DEVICE int q_exponent(unsigned max_bits) {
+    const int k = 141 - int(max_bits >> 7);
+    return k < 126 ? k : 126;
+}
+
+// Two Q values of head h as the A operand's word (d0 in the low half): bf16 bits * 2^QSHIFT
+// for bf16 products, f16(q * mul) rounded to nearest even for f16 products (mul = 2^k).
+HIPMLA_DEVICE unsigned q_pair(const unsigned short* q, int h, int d0, int d1, float mul) {
+    if (F16) return pack_f16x2_rn(bf16_to_f32(q[h * D_QK + d0]) * mul, bf16_to_f32(q[h * D_QK + d1]) * mul);
+    return q_scaled(q, h, d0) | (q_scaled(q, h, d1) << 16);
+}
+
+// The tensor-core products of the format (f16 or bf16 inputs, f32 accumulators).
+HIPMLA_DEVICE void mma_k16(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+    if (F16) mma_f16_16816(d, a, b0, b1);
+    else mma_bf16_16816(d, a, b0, b1);
+}
+HIPMLA_DEVICE void mma_k8(float (&d)[4], unsigned a0, unsigned a1, unsigned b0) {
+    if (F16) mma_f16_1688(d, a0, a1, b0);
+    else mma_bf16_1688(d, a0, a1, b0);
 }
 
 // E8M0 byte -> bf16x2 (2^(s-65), 2^(s-65)), saturating at +inf (s >= 193): a min and
@@ -462,8 +508,28 @@ extern "C" __global__ void __launch_bounds__(hipmla::sm90k::THREADS, 2) HIPMLA_S
     unsigned qr[2];
     cp_async_wait<STAGES - 1>();
     block_sync();
+    if (F16) {  // each head's exponent (q_exponent): 16 threads a head, 36 values each
+        const int h = tid >> 4, part = tid & 15;
+        static_assert(HEADS * 16 == THREADS && D_QK == 16 * 36, "16 threads of 36 values a head");
+        const u32x2* src = reinterpret_cast<const u32x2*>(sm.x.q + h * D_QK + 36 * part);
+        unsigned lo = 0, hi = 0;
+#pragma unroll
+        for (int i = 0; i < 9; ++i) {
+            const u32x2 v = src[i];
+            lo = max_u32(lo, max_u32(v.x & 0x7fffu, v.y & 0x7fffu));
+            hi = max_u32(hi, max_u32(v.x & 0x7fff0000u, v.y & 0x7fff0000u));
+        }
+        unsigned big = max_u32(lo, hi >> 16);
+        big = warp_xor_max_u32(big, 8);
+        big = warp_xor_max_u32(big, 4);
+        big = warp_xor_max_u32(big, 2);
+        big = warp_xor_max_u32(big, 1);
+        if (part == 0) sm.qexp[h] = q_exponent(big);
+        block_sync();
+    }
     {
         const unsigned short* q = sm.x.q;
+        const float qmul[2] = {F16 ? exp2_int(sm.qexp[g]) : 1.0f, F16 ? exp2_int(sm.qexp[g + 8]) : 1.0f};
 #pragma unroll
         for (int kk = 0; kk < KSTEPS; ++kk) {
 #pragma unroll
@@ -471,17 +537,19 @@ extern "C" __global__ void __launch_bounds__(hipmla::sm90k::THREADS, 2) HIPMLA_S
 #pragma unroll
                 for (int hh = 0; hh < 2; ++hh) {
                     const int h = g + 8 * hh;
-                    qa[kk][2 * r + hh] = q_scaled(q, h, dim_of(warp, t, kk, r, 0)) |
-                                         (q_scaled(q, h, dim_of(warp, t, kk, r, 1)) << 16);
+                    qa[kk][2 * r + hh] = q_pair(q, h, dim_of(warp, t, kk, r, 0), dim_of(warp, t, kk, r, 1), qmul[hh]);
                 }
             }
         }
 #pragma unroll
         for (int hh = 0; hh < 2; ++hh) {
             const int d = D_V + ROPE_DIMS * warp + 2 * t;
-            qr[hh] = q_scaled(q, g + 8 * hh, d) | (q_scaled(q, g + 8 * hh, d + 1) << 16);
+            qr[hh] = q_pair(q, g + 8 * hh, d, d + 1, qmul[hh]);
         }
     }
+
+    // f16 products: the scores' 2^-k of the softmax role's head (exact).
+    const float q_unscale = F16 ? exp2_int(-sm.qexp[sh]) : 1.0f;
 
     if (MXFP4) {  // visible at the sync before the first tile's Q.K
 #pragma unroll
@@ -545,15 +613,10 @@ extern "C" __global__ void __launch_bounds__(hipmla::sm90k::THREADS, 2) HIPMLA_S
                 const unsigned wv[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
                 for (int kk = 0; kk < KSTEPS; ++kk) {
-                    unsigned w2[2];
-                    e4m3x4_to_bf16x2_scaled_down(wv[kk], w2);
-                    kf[j][kk][0] = mul_bf16x2(w2[0], BF16X2_2P120);
-                    kf[j][kk][1] = mul_bf16x2(w2[1], BF16X2_2P120);
+                    kf[j][kk][0] = e4m3x2_to_f16x2<0>(wv[kk]);
+                    kf[j][kk][1] = e4m3x2_to_f16x2<1>(wv[kk]);
                 }
-                const unsigned h2 = *reinterpret_cast<const unsigned short*>(row + D_V + ROPE_DIMS * warp + 2 * t);
-                unsigned w2[2];
-                e4m3x4_to_bf16x2_scaled_down(__byte_perm(h2, 0u, 0x4140), w2);
-                krj = mul_bf16x2(w2[0], BF16X2_2P120);
+                krj = e4m3x2_to_f16x2<0>(*reinterpret_cast<const unsigned short*>(row + D_V + ROPE_DIMS * warp + 2 * t));
             } else {
                 const u32x2 v = *reinterpret_cast<const u32x2*>(row + (V_DIMS * warp + 16 * t) / 2);
                 const unsigned mv = mvs[j], mr = mrs[j];
@@ -578,9 +641,9 @@ extern "C" __global__ void __launch_bounds__(hipmla::sm90k::THREADS, 2) HIPMLA_S
 #pragma unroll
         for (int kk = 0; kk < KSTEPS; ++kk)
 #pragma unroll
-            for (int j = 0; j < NTILES; ++j) mma_bf16_16816(s[j], qa[kk], kf[j][kk][0], kf[j][kk][1]);
+            for (int j = 0; j < NTILES; ++j) mma_k16(s[j], qa[kk], kf[j][kk][0], kf[j][kk][1]);
 #pragma unroll
-        for (int j = 0; j < NTILES; ++j) mma_bf16_1688(s[j], qr[0], qr[1], kr[j]);
+        for (int j = 0; j < NTILES; ++j) mma_k8(s[j], qr[0], qr[1], kr[j]);
 #pragma unroll
         for (int j = 0; j < NTILES; ++j) {
             *reinterpret_cast<f32x2*>(&sm.x.red[warp][g][8 * j + 2 * t]) = f32x2{s[j][0], s[j][1]};
@@ -598,8 +661,8 @@ extern "C" __global__ void __launch_bounds__(hipmla::sm90k::THREADS, 2) HIPMLA_S
                 sum.y += part.y;
             }
             const int tok = tile * TILE + 2 * su;
-            const float s0 = tok < n ? sum.x * qk_scale : neg_inf;
-            const float s1 = tok + 1 < n ? sum.y * qk_scale : neg_inf;
+            const float s0 = tok < n ? sum.x * q_unscale * qk_scale : neg_inf;
+            const float s1 = tok + 1 < n ? sum.y * q_unscale * qk_scale : neg_inf;
             // Once the running max has settled, no score of a tile exceeds it: then the
             // max over the tile is m_run itself and alpha is exactly 1, so one vote replaces
             // the 4-shuffle reduction chain and the ex2 (the same m and alpha either way).
@@ -617,7 +680,9 @@ extern "C" __global__ void __launch_bounds__(hipmla::sm90k::THREADS, 2) HIPMLA_S
             const float p0 = f32_from_bits(pp << 16), p1 = f32_from_bits(pp & 0xffff0000u);
             l_run = l_run * alpha + (p0 + p1);
             m_run = m_new;
-            *reinterpret_cast<unsigned*>(hipmla_sm90_smem + p_dst) = pp;
+            // f16 products: the bf16 P as f16 (exact for P >= 2^-17; smaller P round to
+            // f16's subnormal grid). l stays the sum of the bf16 values.
+            *reinterpret_cast<unsigned*>(hipmla_sm90_smem + p_dst) = F16 ? pack_f16x2_rn(p0, p1) : pp;
             if (su == 0) *reinterpret_cast<float*>(hipmla_sm90_smem + a_dst) = alpha;
         }
         // EARLY_WAIT: tile + 1's copies are made visible by this barrier too, so a tile
@@ -668,7 +733,7 @@ extern "C" __global__ void __launch_bounds__(hipmla::sm90k::THREADS, 2) HIPMLA_S
 #pragma unroll
             for (int kk = 0; kk < KSTEPS; ++kk)
 #pragma unroll
-                for (int r = 0; r < 2; ++r) mma_bf16_16816(o[kk][r], a, vt[step][kk][r][0], vt[step][kk][r][1]);
+                for (int r = 0; r < 2; ++r) mma_k16(o[kk][r], a, vt[step][kk][r][0], vt[step][kk][r][1]);
         }
         prev_stage = stage;
         stage = stage + 1 == STAGES ? 0 : stage + 1;
