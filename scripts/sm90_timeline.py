@@ -116,7 +116,8 @@ MERGE_EDITS = [
     ("    if (t0) reset_counters(p, it, done);\n}",
      "    HIPMLA_MERGE_STAMP(6);\n    if (t0) reset_counters(p, it, done);\n}"),
 ]
-SHAPES = {"4x1k": (4, 1024), "4x8k": (4, 8192), "32x1k": (32, 1024), "64x1k": (64, 1024), "64x8k": (64, 8192)}
+SHAPES = {"4x1k": (4, 1024), "4x8k": (4, 8192), "8x8k": (8, 8192), "32x1k": (32, 1024), "64x1k": (64, 1024),
+          "64x8k": (64, 8192)}
 
 
 def edited_tree(original: Path, root: Path) -> None:
@@ -132,9 +133,11 @@ def edited_tree(original: Path, root: Path) -> None:
 
 
 def summarize(rec: np.ndarray, event_us: float) -> str:
-    """rec: (blocks, WORDS) u64 of the grid's blocks that wrote a record."""
+    """rec: (blocks, WORDS) u64 of the grid's blocks (row = block index; rows of blocks that
+    wrote no record are zero)."""
     seq = rec[:, 7].astype(np.int64)
     wrote = rec[:, 0] > 0
+    first = [int(x) for x in rec[:8, 11]] if wrote[:8].all() else []
     rec, seq = rec[wrote], seq[wrote]
     t0 = rec[:, 0].min()
     rel = (rec[:, :7].astype(np.int64) - np.int64(t0)) / 1e3  # us since the first block started
@@ -144,6 +147,12 @@ def summarize(rec: np.ndarray, event_us: float) -> str:
     lines = [f"  event {event_us:.1f} us; blocks {len(rec)} ({work.sum()} with an item, {last.sum()} merged); "
              f"span first start .. last end {rel[:, 6][work].max() if work.any() else 0:.1f} us; "
              f"block starts {rel[:, 0].min():.1f} .. {rel[:, 0].max():.1f} us (median {np.median(rel[:, 0]):.1f})"]
+    if work.any():
+        # Which SMs the blocks with an item ran on (%smid): the hardware places a launch's
+        # blocks, and two of an SM's block slots may fill before another SM gets one.
+        per_sm = np.bincount(rec[work, 11].astype(np.int64))
+        lines.append(f"  placement: {int(work.sum())} blocks with an item on {int(np.count_nonzero(per_sm))} SMs "
+                     f"(at most {int(per_sm.max())} an SM); blocks 0..7 on SMs {first}")
     if (~work).any():
         e = rel[~work]
         lines.append(f"  empty blocks: schedule done at median {np.median(e[:, 1]):.1f} us (max {e[:, 1].max():.1f})")
