@@ -38,14 +38,6 @@ alignas(16) unsigned char hipmla_sm90_smem[hipmla::sm90::HOST_SMEM_BYTES];
 
 inline void __trap() { hipmla_lanes::unsupported("tests/host_sm90.h", "a trap (the kernel asked to stop)"); }
 
-// PRMT in CUDA's __byte_perm form: result byte i = byte (s >> 4 i) & 7 of {y (4-7), x (0-3)}.
-inline unsigned __byte_perm(unsigned x, unsigned y, unsigned s) {
-    const unsigned long long both = (static_cast<unsigned long long>(y) << 32) | x;
-    unsigned d = 0;
-    for (int i = 0; i < 4; ++i) d |= unsigned((both >> (8 * ((s >> (4 * i)) & 7u))) & 0xffu) << (8 * i);
-    return d;
-}
-
 namespace hipmla {
 namespace sm90 {
 

@@ -195,18 +195,6 @@ HIPMLA_DEVICE unsigned e2m1x2_to_bf16x2_scaled_down(unsigned byte) {
     return select_bits(0x01C001C0u, mags, signs);
 }
 
-// Four e4m3fn codes (bytes b0..b3 of q) to two bf16x2 words holding value * 2^-120
-// exactly: word 0 = (b0 low, b2 high), word 1 = (b1 low, b3 high). The 7 exponent and
-// mantissa bits go to bf16 bits 4-10, so the bf16 exponent field is the e4m3 one and
-// e4m3 subnormals become bf16 subnormals. The NaN codes 0x7f / 0xff become +-480 * 2^-120
-// (finite; see the kernel's header).
-HIPMLA_DEVICE void e4m3x4_to_bf16x2_scaled_down(unsigned q, unsigned (&w)[2]) {
-    constexpr unsigned MAG = 0x07F007F0u;
-    const unsigned s = and_bits<0x80808080u>(q);
-    w[0] = select_bits(MAG, q << 4, s << 8);
-    w[1] = select_bits(MAG, q >> 4, s);
-}
-
 // ------------------------------------------------------------------------------ async copies
 #if !defined(HIPMLA_HOST_PLATFORM)
 

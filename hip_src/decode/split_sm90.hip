@@ -81,16 +81,16 @@
 //   values round to f16's subnormals: hipmla.emulate.f16_q) and the scores are multiplied
 //   by 2^-k before the scale; P enters P.V as f16(bf16_rne(p)), exact for P >= 2^-17,
 //   while l sums the bf16 values. The tensor scale multiplies scores (sm_scale_log2 *
-//   kv_fp8_scale, that product first) and the final accumulator, as in split.hip. mxfp4: each E2M1 code becomes bf16(v * 2^-126) (the
+//   kv_fp8_scale, that product first) and the final accumulator, as in split.hip.
+//   mxfp4: each E2M1 code becomes bf16(v * 2^-126) (the
 //   subnormal code 0.5 -> 2^-127), multiplied by 2^(s - 65) for its block's E8M0 s, i.e.
 //   K' = V' = value * 2^-64 exactly, and Q' = Q * 2^64 (exact), so Q'K' = QK exactly and
 //   the final accumulator is multiplied by 2^64. Exact for block scales 2^(s-127) in
 //   [2^-68, 2^65] (E8M0 59..192) and |q| < 2^64: a smaller block scale rounds the block's
 //   elements to bf16 subnormals (they are below 2^-66 anyway), a larger one saturates the
 //   multiplier to +inf (E8M0 255, NaN by the format, also gives inf / NaN outputs).
-//   Scores: f32 partial dot
-//   products per warp (tensor-core order), added over the 8 warps in warp order, times
-//   the scale. exp2 is the MUFU ex2.approx.ftz (a few ulp, results below 2^-126 flushed:
+//   Scores: f32 partial dot products per warp (tensor-core order), added over the 8 warps
+//   in warp order, times the scale. exp2 is the MUFU ex2.approx.ftz (a few ulp, results below 2^-126 flushed:
 //   such P and alpha are 0 here). P rounded to bf16 RNE (cvt.rn.bf16x2); l kept per lane (16 lanes per head) and added at the
 //   end; f32 accumulation on the tensor cores; output bf16 RNE.
 //
@@ -103,7 +103,8 @@
 // scripts/sm90_counts.py counts it from the SASS; 2026-12-04) is bf16 202, fp8 244, mxfp4
 // 392 instructions, i.e. x 8 warps / 32 tokens = 50.5 / 61.0 / 98.0 warp-instructions a
 // token, of which 9 HMMA + 8 MOVM (fp8 359 = 89.8 before its f16 products, 2026-12-04:
-// 36 F2FP.F16.E4M3.UNPACK_B took the place of ~150 shifts, lop3 and bf16x2 multiplies); the O rescale adds 32 (a tile that lowers alpha), the
+// 36 F2FP.F16.E4M3.UNPACK_B took the place of ~150 shifts, lop3 and bf16x2 multiplies);
+// the O rescale adds 32 (a tile that lowers alpha), the
 // max chain 19 (a tile that raises the running max), a paged cache's page-table read 15.
 // mxfp4's K dequantization (56 shifts and 48 lop3 for the 32 latent words, 2 multiplies and
 // 2 lop3 for each of the 4 rope words, 36 bf16x2 multiplies) is ~156 of the 396. Before
@@ -191,7 +192,8 @@
 // with 4 warps a scheduler an HMMA.16816 takes its scheduler 6.2-6.7 cycles, HMMA.1688 4.3,
 // MOVM 4.0, lop3 / shift 2.06, IMAD 2.0, bf16x2 fma 1.17, and an HMMA does not run beside
 // the others (HMMA + 4 lop3: 13.6 cycles, 6.7 + 8.3 alone). Priced so, a warp's tile issues
-// for 698-904 (mxfp4) / 665-837 (fp8 before its f16 products; 584-636 since) / 506-552 (bf16) cycles (ALU beside FMA-pipe work as
+// for 698-904 (mxfp4) / 665-837 (fp8 before its f16 products; 584-636 since) / 506-552
+// (bf16) cycles (ALU beside FMA-pipe work as
 // far as they overlapped there, or not at all), the tensor part (mma + transposes) 353 of
 // them; the kernel takes 822 / 793 at 256 x 8k (1.80 GHz), and the tile's bytes at 4.1 TB/s
 // leave 284 / 534 / 1068: issue holds mxfp4 to at most ~41% and fp8 to ~80% (~92% since) of
