@@ -54,7 +54,7 @@ PARTS: dict[str, list[tuple[str, str]]] = {
     "partials": [("for (int w = 1; w < WARPS; ++w) {", "for (int w = 1; w < 1; ++w) {")],
     "pv": [("        for (int step = 0; step < PV_STEPS; ++step) {\n            const u32x4 pa",
             "        for (int step = 0; step < 0; ++step) {\n            const u32x4 pa")],
-    "qk_mma": [("for (int j = 0; j < NTILES; ++j) mma_k16(s[j], qa[kk], kf[j][kk][0], kf[j][kk][1]);",
+    "qk_mma": [("for (int j = 0; j < NTILES; ++j) mma_16816<F16>(s[j], qa[kk], kf[j][kk][0], kf[j][kk][1]);",
                 "for (int j = 0; j < NTILES; ++j) { s[j][0] += f32_from_bits(kf[j][kk][0]); "
                 "s[j][1] += f32_from_bits(kf[j][kk][1]); }")],
     "barriers": [("""            *reinterpret_cast<f32x2*>(&sm.x.red[warp][g + 8][8 * j + 2 * t]) = f32x2{s[j][2], s[j][3]};

@@ -115,20 +115,14 @@ inline void mma(float (&d)[4], const MmaIn& mine) {
     for (int e = 0; e < 4; ++e) d[e] = r.v[e];
 }
 
-inline void mma_bf16_16816(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
-    mma<16>(d, MmaIn{{a[0], a[1], a[2], a[3]}, {b0, b1}});
+template <bool F16>
+inline void mma_16816(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+    mma<16, F16>(d, MmaIn{{a[0], a[1], a[2], a[3]}, {b0, b1}});
 }
 
-inline void mma_bf16_1688(float (&d)[4], unsigned a0, unsigned a1, unsigned b0) {
-    mma<8>(d, MmaIn{{a0, a1, 0u, 0u}, {b0, 0u}});
-}
-
-inline void mma_f16_16816(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
-    mma<16, true>(d, MmaIn{{a[0], a[1], a[2], a[3]}, {b0, b1}});
-}
-
-inline void mma_f16_1688(float (&d)[4], unsigned a0, unsigned a1, unsigned b0) {
-    mma<8, true>(d, MmaIn{{a0, a1, 0u, 0u}, {b0, 0u}});
+template <bool F16>
+inline void mma_1688(float (&d)[4], unsigned a0, unsigned a1, unsigned b0) {
+    mma<8, F16>(d, MmaIn{{a0, a1, 0u, 0u}, {b0, 0u}});
 }
 
 // cvt.rn.f16x2.e4m3x2 of bits 16 HALF .. 16 HALF + 15 (every e4m3 value is an f16 value).

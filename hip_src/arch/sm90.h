@@ -33,41 +33,34 @@ constexpr int WARP = 32;
 
 // ------------------------------------------------------------------------------ tensor cores
 
-// D = A B + C, m16n8k16, bf16 inputs, f32 accumulators (PTX ISA 9.7.14.5.14 "mma",
-// shape .m16n8k16, .row.col, .f32.bf16.bf16.f32; fragments as in the header).
-HIPMLA_DEVICE void mma_bf16_16816(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
-        "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+// D = A B + C, m16n8k16, bf16 inputs (F16: f16), f32 accumulators (PTX ISA 9.7.14.5.14
+// "mma", shape .m16n8k16, .row.col, .f32.bf16.bf16.f32 / .f32.f16.f16.f32; fragments as in
+// the header). f16 is the fp8 cache's path: the hardware converts its e4m3 codes to f16 in
+// one instruction (e4m3x2_to_f16x2 below), to bf16 in none.
+template <bool F16>
+HIPMLA_DEVICE void mma_16816(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+#define HIPMLA_SM90_MMA_16816(T)                                                      \
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32." T "." T ".f32 "            \
+                 "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n" \
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])                      \
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1))
+    if constexpr (F16) HIPMLA_SM90_MMA_16816("f16");
+    else HIPMLA_SM90_MMA_16816("bf16");
+#undef HIPMLA_SM90_MMA_16816
 }
 
-// D = A B + C, m16n8k8, bf16 inputs, f32 accumulators (PTX ISA 9.7.14.5.14, shape .m16n8k8;
-// A is regs 0 and 1 of the k16 layout, B one register).
-HIPMLA_DEVICE void mma_bf16_1688(float (&d)[4], unsigned a0, unsigned a1, unsigned b0) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k8.row.col.f32.bf16.bf16.f32 "
-        "{%0, %1, %2, %3}, {%4, %5}, {%6}, {%0, %1, %2, %3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a0), "r"(a1), "r"(b0));
-}
-
-// The same two shapes with f16 inputs (.f32.f16.f16.f32): the fp8 cache's path, whose
-// e4m3 codes the hardware converts to f16 in one instruction (e4m3x2_to_f16x2 below).
-HIPMLA_DEVICE void mma_f16_16816(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
-        "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-HIPMLA_DEVICE void mma_f16_1688(float (&d)[4], unsigned a0, unsigned a1, unsigned b0) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32 "
-        "{%0, %1, %2, %3}, {%4, %5}, {%6}, {%0, %1, %2, %3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a0), "r"(a1), "r"(b0));
+// D = A B + C, m16n8k8 (PTX ISA 9.7.14.5.14, shape .m16n8k8; A is regs 0 and 1 of the k16
+// layout, B one register), inputs as mma_16816's.
+template <bool F16>
+HIPMLA_DEVICE void mma_1688(float (&d)[4], unsigned a0, unsigned a1, unsigned b0) {
+#define HIPMLA_SM90_MMA_1688(T)                                                       \
+    asm volatile("mma.sync.aligned.m16n8k8.row.col.f32." T "." T ".f32 "             \
+                 "{%0, %1, %2, %3}, {%4, %5}, {%6}, {%0, %1, %2, %3};\n"               \
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])                      \
+                 : "r"(a0), "r"(a1), "r"(b0))
+    if constexpr (F16) HIPMLA_SM90_MMA_1688("f16");
+    else HIPMLA_SM90_MMA_1688("bf16");
+#undef HIPMLA_SM90_MMA_1688
 }
 
 // The transpose of an 8 x 8 b16 matrix held in fragment layout, returned in fragment

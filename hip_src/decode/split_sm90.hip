@@ -353,16 +353,6 @@ HIPMLA_DEVICE unsigned q_pair(const unsigned short* q, int h, int d0, int d1, fl
     return q_scaled(q, h, d0) | (q_scaled(q, h, d1) << 16);
 }
 
-// The tensor-core products of the format (f16 or bf16 inputs, f32 accumulators).
-HIPMLA_DEVICE void mma_k16(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
-    if (F16) mma_f16_16816(d, a, b0, b1);
-    else mma_bf16_16816(d, a, b0, b1);
-}
-HIPMLA_DEVICE void mma_k8(float (&d)[4], unsigned a0, unsigned a1, unsigned b0) {
-    if (F16) mma_f16_1688(d, a0, a1, b0);
-    else mma_bf16_1688(d, a0, a1, b0);
-}
-
 // E8M0 byte -> bf16x2 (2^(s-65), 2^(s-65)), saturating at +inf (s >= 193): a min and
 // one multiply-add (the clamp before the add, which the multiply-add then absorbs).
 // Stage.mult's order: the multipliers of rows g, g + 8, g + 16, g + 24 and one block are
@@ -643,9 +633,9 @@ extern "C" __global__ void __launch_bounds__(hipmla::sm90k::THREADS, 2) HIPMLA_S
 #pragma unroll
         for (int kk = 0; kk < KSTEPS; ++kk)
 #pragma unroll
-            for (int j = 0; j < NTILES; ++j) mma_k16(s[j], qa[kk], kf[j][kk][0], kf[j][kk][1]);
+            for (int j = 0; j < NTILES; ++j) mma_16816<F16>(s[j], qa[kk], kf[j][kk][0], kf[j][kk][1]);
 #pragma unroll
-        for (int j = 0; j < NTILES; ++j) mma_k8(s[j], qr[0], qr[1], kr[j]);
+        for (int j = 0; j < NTILES; ++j) mma_1688<F16>(s[j], qr[0], qr[1], kr[j]);
 #pragma unroll
         for (int j = 0; j < NTILES; ++j) {
             *reinterpret_cast<f32x2*>(&sm.x.red[warp][g][8 * j + 2 * t]) = f32x2{s[j][0], s[j][1]};
@@ -735,7 +725,7 @@ extern "C" __global__ void __launch_bounds__(hipmla::sm90k::THREADS, 2) HIPMLA_S
 #pragma unroll
             for (int kk = 0; kk < KSTEPS; ++kk)
 #pragma unroll
-                for (int r = 0; r < 2; ++r) mma_k16(o[kk][r], a, vt[step][kk][r][0], vt[step][kk][r][1]);
+                for (int r = 0; r < 2; ++r) mma_16816<F16>(o[kk][r], a, vt[step][kk][r][0], vt[step][kk][r][1]);
         }
         prev_stage = stage;
         stage = stage + 1 == STAGES ? 0 : stage + 1;
