@@ -202,7 +202,12 @@
 // GB/s, scripts/results/h200-2026-12-04-sm90-ab-f16-fp8.txt): fp8 4x1k 16.7 -> 16.3 us,
 // 32x8k 71.6 -> 66.4, 64x8k 121.2 -> 111.1, 256x1k 69.7 -> 64.8, 256x8k 429.7 -> 391.0
 // (68% -> 75% of read); mxfp4 (unchanged code) within 0.3 us. Short of the model's ~92%:
-// the time no longer follows the instruction count alone.
+// the time no longer follows the instruction count alone (Nsight Compute, fp8 64x8k: issue
+// slots 37% busy, per issued instruction 2.47 cycles on fixed-latency dependencies, 1.50
+// on shared-memory / movmatrix results, 1.41 at barriers). Tried and dropped in the same
+// session (scripts/results/h200-2026-12-04-sm90-ab-fp8-split-chains.txt): each n-tile's Q.K
+// chain cut in two accumulators (5 dependent mma -> 2 and 3, added at the end): fp8 256x8k
+// 389.6 -> 388.6 us, 64x8k 110.7 -> 110.4, i.e. noise.
 // Tried and dropped (H200, 2026-12-03, A/B in one process, L2 flushed, all builds through
 // their self-test, sanitizer-clean; scripts/results/h200-2026-12-03-sm90-stages-vstage.txt):
 // V through each warp's own bf16 stage in shared memory (8 st.shared.v4 of the K' registers
