@@ -132,7 +132,8 @@ FAST_SCHEDULES = {"gfx950": GFX950_SCHEDULE, "gfx942": GFX942_SCHEDULE}
 #: hip_src/decode/split_sm90.hip keeps ONE online softmax per block (its 8 warps split the
 #: dimensions and exchange partial scores), with the running max moving every 32 tokens:
 #: its numerics are emulate_work_item(tile=SM90_TILE_TOKENS), i.e.
-#: ``emulate_decode(..., tile_tokens=SM90_TILE_TOKENS)`` with a policy without fast_tile.
+#: ``emulate_decode(..., tile_tokens=SM90_TILE_TOKENS)`` with a policy without fast_tile,
+#: and for an fp8 cache ``products="f16"`` (``hipmla.kernels.sm90_split_kernel(kv).products``).
 SM90_TILE_TOKENS = 32
 
 

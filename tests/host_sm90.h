@@ -60,7 +60,7 @@ inline double f16_value(unsigned h) {
 inline unsigned f16_rne(float x) {
     const unsigned b = __builtin_bit_cast(unsigned, x);
     const unsigned sign = (b >> 16) & 0x8000u, a = b & 0x7fffffffu;
-    if (a > 0x7f800000u) return sign | 0x7e00u;   // NaN
+    if (a > 0x7f800000u) return 0x7fffu;          // NaN: the canonical one the H200 gives
     if (a >= 0x477ff000u) return sign | 0x7c00u;  // 65520 and up round to inf
     if (a >= 0x38800000u) {                       // an f16 normal: 23 mantissa bits to 10
         const unsigned m = a - 0x38000000u;

@@ -6,11 +6,13 @@
 // it takes only the items of whole fast_tile tiles (as the AMD fast kernels do), so it can
 // run beside the portable kernel; with p.fast_tile = 0 it takes every item.
 // Numerics: hip_src/KERNELS.md with bf16 Q and 32-token softmax tiles, ONE softmax state
-// per block: hipmla.emulate.emulate_work_item(tile=SM90_TILE_TOKENS) is its model.
+// per block, and for an fp8 cache f16 products: hipmla.emulate.emulate_work_item(
+// tile=SM90_TILE_TOKENS, products=kernels.sm90_split_kernel(kv).products) is its model.
 //
 // Specialisation (all required):
 //   HIPMLA_KV_FORMAT    0 bf16, 1 fp8 (e4m3fn), 2 mxfp4
-//   HIPMLA_Q_PRECISION  0 (bf16 Q: the bf16 tensor-core product takes it as it is)
+//   HIPMLA_Q_PRECISION  0 (bf16 Q: the bf16 products take it as it is, the fp8 cache's f16
+//                       products per head times a power of two: q_exponent)
 //   HIPMLA_FP8_FNUZ     0 (NVIDIA fp8 is e4m3fn)
 // Test only: HIPMLA_SELFTEST_BREAK scales the output by 1.5 (hipmla.selftest.broken).
 // The CPU harness runs it too (tests/host_sm90.h defines arch/sm90.h's PTX helpers).
@@ -21,7 +23,7 @@
 // k8-step of Q.K). Per tile:
 //   Q.K   S_w = Q K^T over the warp's dims, mma.m16n8k16 (M = 16 heads, N = 8 tokens):
 //         A = Q (held in registers for the whole item, 18 per lane), B = K dequantized to
-//         bf16 in registers. Lane (g, t) takes row 8j + g of the stage (token of n-tile j)
+//         bf16 (fp8: f16) in registers. Lane (g, t) takes row 8j + g of the stage (token of n-tile j)
 //         and 16 consecutive latent dims 64w + 16t .. (+ 2 rope dims 512 + 8w + 2t), so one
 //         16 / 8 / 4-byte shared load feeds all 4 k-steps (bf16 / fp8 / mxfp4). The dims of
 //         a k-step are permuted (dim_offset below); Q's registers follow the same map.
@@ -107,7 +109,7 @@
 // the O rescale adds 32 (a tile that lowers alpha), the
 // max chain 19 (a tile that raises the running max), a paged cache's page-table read 15.
 // mxfp4's K dequantization (56 shifts and 48 lop3 for the 32 latent words, 2 multiplies and
-// 2 lop3 for each of the 4 rope words, 36 bf16x2 multiplies) is ~156 of the 396. Before
+// 2 lop3 for each of the 4 rope words, 36 bf16x2 multiplies) is ~156 of the 392. Before
 // (2026-12-02, straight path 422 / 371 / 214): each n-tile loaded its own 2 multipliers
 // (8 loads a tile), the stage index was tile % 6 (a division), and_bits held its mask in a
 // register, and the P / alpha destinations were rebuilt from the thread index every tile
