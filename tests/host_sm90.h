@@ -181,12 +181,9 @@ inline void cp_async_wait() {}
 
 inline unsigned dynamic_smem_size() { return HOST_SMEM_BYTES; }
 
-inline float warp_xor_max(float v, int lane_mask) {
-    const float o = exchange(v, [lane_mask](auto peer) { return peer(lane() ^ lane_mask); });
-    return o > v ? o : v;
-}
-inline unsigned warp_xor_max_u32(unsigned v, int lane_mask) {
-    const unsigned o = exchange(v, [lane_mask](auto peer) { return peer(lane() ^ lane_mask); });
+template <class T>
+inline T warp_xor_max(T v, int lane_mask) {
+    const T o = exchange(v, [lane_mask](auto peer) { return peer(lane() ^ lane_mask); });
     return o > v ? o : v;
 }
 inline float warp_xor_sum(float v, int lane_mask) {

@@ -141,7 +141,7 @@ template <int HALF>
 HIPMLA_DEVICE unsigned e4m3x2_to_f16x2(unsigned q) {
     static_assert(HALF == 0 || HALF == 1, "a half of the word");
     unsigned d;
-    if (HALF == 0)
+    if constexpr (HALF == 0)
         asm("{\n.reg .b16 lo, hi;\nmov.b32 {lo, hi}, %1;\ncvt.rn.f16x2.e4m3x2 %0, lo;\n}\n" : "=r"(d) : "r"(q));
     else
         asm("{\n.reg .b16 lo, hi;\nmov.b32 {lo, hi}, %1;\ncvt.rn.f16x2.e4m3x2 %0, hi;\n}\n" : "=r"(d) : "r"(q));
@@ -217,12 +217,9 @@ HIPMLA_DEVICE unsigned dynamic_smem_size() {
 
 // ------------------------------------------------------------------------------ warp exchange
 
-HIPMLA_DEVICE float warp_xor_max(float v, int lane_mask) {
-    const float o = __shfl_xor_sync(0xffffffffu, v, lane_mask);
-    return o > v ? o : v;
-}
-HIPMLA_DEVICE unsigned warp_xor_max_u32(unsigned v, int lane_mask) {
-    const unsigned o = __shfl_xor_sync(0xffffffffu, v, lane_mask);
+template <class T>  // float (the softmax's max) or unsigned (f16 products' exponent)
+HIPMLA_DEVICE T warp_xor_max(T v, int lane_mask) {
+    const T o = __shfl_xor_sync(0xffffffffu, v, lane_mask);
     return o > v ? o : v;
 }
 HIPMLA_DEVICE float warp_xor_sum(float v, int lane_mask) { return v + __shfl_xor_sync(0xffffffffu, v, lane_mask); }

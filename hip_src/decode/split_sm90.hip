@@ -519,10 +519,10 @@ extern "C" __global__ void __launch_bounds__(hipmla::sm90k::THREADS, 2) HIPMLA_S
             hi = max_u32(hi, max_u32(v.x & 0x7fff0000u, v.y & 0x7fff0000u));
         }
         unsigned big = max_u32(lo, hi >> 16);
-        big = warp_xor_max_u32(big, 8);
-        big = warp_xor_max_u32(big, 4);
-        big = warp_xor_max_u32(big, 2);
-        big = warp_xor_max_u32(big, 1);
+        big = warp_xor_max(big, 8);
+        big = warp_xor_max(big, 4);
+        big = warp_xor_max(big, 2);
+        big = warp_xor_max(big, 1);
         if (part == 0) sm.qexp[h] = q_exponent(big);
         block_sync();
     }
