@@ -31,6 +31,8 @@ struct MlaDecodeParams {
                                      //          causal (token j of n sees kv tokens 0 .. len - n + j); null: 1 each
     int32_t* counters;               // [t_q x head_groups][2] the merge's counters (core/merge.h); 0 between launches
     int32_t* errors;                 // one word: ERR_* bits of invalid device-side input (core/paged.h), or null
+    int32_t* placement;              // [placement_words(placement_sms)], 16-byte aligned: which block runs which
+                                     //          item (core/placement.h); 0 between launches; null: item i is block i's
     float* part_acc;                 // [n_slots, 16, d_v] f32 unnormalised P.V (one slot per item of a row)
     float* part_ml;                  // [n_slots, 16, 2] f32 (running max m in log2 units, sum l)
     void* out;                       // [t_q, h_q, d_v] bf16
@@ -51,5 +53,5 @@ struct MlaDecodeParams {
     int32_t q_tokens;                // t_q: rows of q / out / lse; with qo_indptr no entry past it is used
     int32_t split_max_ranges;        // > 0: most token ranges (items of a row) per sequence; 0: no cap
     int32_t split_long_range;        // ... unless ceil(len / this) is more: ranges this long are worth a slot
-    int32_t pad_;                    // keeps sizeof a multiple of 8 on every ABI
+    int32_t placement_sms;           // SM words of placement (the device's SM count)
 };

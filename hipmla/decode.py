@@ -111,12 +111,15 @@ class Decoder:
     ``selftest``: whether a kernel other than the portable one must first pass its
     known-answer check (:mod:`hipmla.selftest`; None: unless ``HIPMLA_SELFTEST=0``).
     ``kernel``: a :class:`hipmla.kernels.KernelSpec` to run instead of the device's
-    choice (tests, trials). ``kernel_symbol`` names the kernel the decoder runs."""
+    choice (tests, trials). ``kernel_symbol`` names the kernel the decoder runs.
+    ``placement``: on NVIDIA, the first block to reach each SM takes the first work
+    items (``hip_src/core/placement.h``); False gives item i to block i, as on AMD."""
 
     def __init__(self, kv_format: str, sm_scale: float, *, q_precision: str = "auto",
                  heads: int = kernels.HEADS, device: int = 0, stream=None,
                  max_batch: int = DEFAULT_MAX_BATCH, max_q_tokens: int | None = None,
-                 selftest: bool | None = None, kernel: kernels.KernelSpec | None = None):
+                 selftest: bool | None = None, kernel: kernels.KernelSpec | None = None,
+                 placement: bool = True):
         check_choice(kv_format, "kv_format", KV_FORMATS)
         if isinstance(device, bool) or not isinstance(device, (int, np.integer)):
             raise TypeError(f"device: expected a device index (int), got {type(device).__name__} {device!r}")
@@ -127,7 +130,10 @@ class Decoder:
             _f32(float(np.float32(sm_scale) * LOG2E), "sm_scale")
         DecoderConfig(kv_format, sm_scale, heads=heads)  # the arguments, before any device call
         check_stream(stream)
+        if not isinstance(placement, bool):
+            raise TypeError(f"placement: expected a bool, got {type(placement).__name__} {placement!r}")
         self.device = runtime.device_info(device)
+        self._placement = placement and self.device.platform == "nvidia"
         arch = self.device.arch
         q_precision = resolve_q_precision(q_precision, arch, kv_format)
         self.config = DecoderConfig(kv_format, check_positive_finite(sm_scale, "sm_scale"), q_precision, heads)
@@ -219,10 +225,18 @@ class Decoder:
         acc_bytes = slots * kernels.HEADS * kernels.D_V * 4
         ml_bytes = slots * kernels.HEADS * 2 * 4
         words = 2 * rows + 2  # the merge counters (two per row, core/merge.h), the error word, padding
+        # Which block runs which item (core/placement.h): on NVIDIA, where a block knows
+        # its SM (%smid); an AMD block does not, and runs item i of block i.
+        sms = self.device.num_cus if self._placement else 0
+        placement_at = (words + 3) // 4 * 4  # 16-byte aligned: the kernel clears it in 16-byte stores
+        placement_words = kernels.placement_words(sms) if sms else 0
+        if placement_words:
+            words = placement_at + placement_words
         grown = runtime.alloc(acc_bytes + ml_bytes + words * 4)
         try:
-            # A row's last block resets its merge counters; they start at zero once, and so
-            # does the error word (check_errors clears it).
+            # A row's last block resets its merge counters, a launch's last claim the
+            # placement words; they start at zero once, and so does the error word
+            # (check_errors clears it).
             runtime.memset(grown.ptr + acc_bytes + ml_bytes, 0, words * 4)
             runtime.synchronize()  # the memset is done, and runs enqueued on the old buffers too
         except BaseException:
@@ -236,6 +250,8 @@ class Decoder:
         p.part_ml = grown.ptr + acc_bytes
         p.counters = grown.ptr + acc_bytes + ml_bytes
         p.errors = p.counters + 2 * rows * 4
+        p.placement = p.counters + placement_at * 4 if placement_words else None
+        p.placement_sms = sms
         self._last_key = None
 
     # -- launching ----------------------------------------------------------------

@@ -29,6 +29,14 @@ from hipmla.formats import KV_FORMATS
 from hipmla.reference import D_QK, D_V, HEADS
 
 BLOCK_THREADS = 256
+#: int32 words of the placement scratch before its per-SM words (hip_src/core/placement.h).
+PLACEMENT_HEADER = 4
+
+
+def placement_words(sms: int) -> int:
+    """int32 words of the placement scratch for ``sms`` SMs (16-byte aligned; the kernel
+    clears them in 16-byte stores): the header, the SM words padded to a multiple of 4."""
+    return PLACEMENT_HEADER + (sms + 3) // 4 * 4
 #: Integer codes of HIPMLA_KV_FORMAT / HIPMLA_Q_PRECISION (hip_src/common/config.h).
 FORMAT_CODES = {"bf16": 0, "fp8": 1, "mxfp4": 2}
 #: Architectures whose fp8 is e4m3fnuz (MI300 family); everything else is OCP e4m3fn.
@@ -73,6 +81,7 @@ class DecodeParams(ctypes.Structure):
         ("qo_indptr", ctypes.c_void_p),  # [b + 1] int32 query tokens per sequence, or null (1 each)
         ("counters", ctypes.c_void_p),  # [t_q x head_groups][2] int32, zero between launches
         ("errors", ctypes.c_void_p),  # one int32 of ERR_* bits, or null
+        ("placement", ctypes.c_void_p),  # [placement_words(placement_sms)] int32 (core/placement.h), or null
         ("part_acc", ctypes.c_void_p),  # [n_slots, 16, d_v] f32
         ("part_ml", ctypes.c_void_p),  # [n_slots, 16, 2] f32
         ("out", ctypes.c_void_p),  # [t_q, h_q, d_v] bf16
@@ -92,7 +101,7 @@ class DecodeParams(ctypes.Structure):
         ("q_tokens", ctypes.c_int32),  # t_q
         ("split_max_ranges", ctypes.c_int32),  # 0: no cap
         ("split_long_range", ctypes.c_int32),
-        ("pad_", ctypes.c_int32),
+        ("placement_sms", ctypes.c_int32),
     ]
 
     def set_split(self, policy) -> None:

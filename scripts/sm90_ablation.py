@@ -13,7 +13,9 @@ on the same inputs, in one process. --check runs each build's known-answer self-
 first (for trees, whose outputs should be right); --page-size times a paged cache.
 --one-block-per-sm also times every build launched with enough dynamic shared memory that
 only one block fits an SM (rows "NAME 1/SM"): the same kernel, where the hardware cannot put
-two of the step's items on one SM while another SM idles.
+two of the step's items on one SM while another SM idles. --no-placement also times every
+build with the decoder's placement off (rows "NAME item=block": block i runs item i, as
+before hip_src/core/placement.h).
 
 The kernel's header quotes runs of it ("Measured", "Tried and dropped").
 """
@@ -93,7 +95,8 @@ VARIANTS: dict[str, tuple[str, ...]] = {
 #: Dynamic shared memory that leaves room for one block an SM (the H200 has 228 KiB an SM
 #: and reserves 1 KiB a block; a block may have 227 KiB).
 ONE_BLOCK_SHARED = 120 * 1024
-SHAPES = {"4x1k": (4, 1024), "4x8k": (4, 8192), "8x8k": (8, 8192), "16x8k": (16, 8192), "32x1k": (32, 1024),
+SHAPES = {"4x1k": (4, 1024), "4x8k": (4, 8192), "8x2k": (8, 2048), "6x4k": (6, 4096), "8x8k": (8, 8192),
+          "2x32k": (2, 32768), "16x8k": (16, 8192), "32x1k": (32, 1024),
           "32x8k": (32, 8192), "64x8k": (64, 8192), "256x1k": (256, 1024), "256x8k": (256, 8192)}
 
 
@@ -120,6 +123,8 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--page-size", type=int, default=0, help="0: contiguous rows; else pages in random order")
     ap.add_argument("--one-block-per-sm", action="store_true",
                     help=f"also time each build with {ONE_BLOCK_SHARED} B of dynamic shared memory a block")
+    ap.add_argument("--no-placement", action="store_true",
+                    help="also time each build with Decoder(placement=False): item i on block i")
     args = ap.parse_args(argv)
     variants = {name: VARIANTS[name] for name in filter(None, args.variants.split(","))}
     trees_in = {}
@@ -145,23 +150,29 @@ def main(argv: list[str]) -> int:
             edited_source(root, parts)
             trees[name] = root
         trees.update(trees_in)
-        runs = [(name, root, 0) for name, root in trees.items()]
+        tree_index = {root: i for i, root in enumerate(trees.values())}
+        runs = [(name, root, 0, True) for name, root in trees.items()]
         if args.one_block_per_sm:
-            runs += [(f"{name} 1/SM", root, ONE_BLOCK_SHARED) for name, root in trees.items()]
+            runs += [(f"{name} 1/SM", root, ONE_BLOCK_SHARED, True) for name, root in trees.items()]
+        if args.no_placement:
+            runs += [(f"{name} item=block", root, 0, False) for name, root in trees.items()]
         print(f"{'variant':>16} " + " ".join(f"{f + ' ' + s:>14}" for f in formats for s in shapes), flush=True)
-        results = {name: [] for name, _, _ in runs}
+        results = {name: [] for name, _, _, _ in runs}
         for fmt in formats:
             max_b = max(b for b, _ in shapes.values())
             kv = random_cache(max(b * n for b, n in shapes.values()), fmt, rng)
             for b, n in shapes.values():
                 _, bufs, extra = lens_step(kv, np.full(b, n), args.page_size, rng)
-                for k, (name, root, shared) in enumerate(runs):
+                for name, root, shared, placement in runs:
                     kernels.hip_src_dir = lambda root=root: root  # this process compiles from the edited copy
-                    # A define of its own per variant: the runtime keeps one loaded kernel per spec.
+                    # A define of its own per tree: the runtime keeps one loaded kernel per spec
+                    # (the placement on and off run one build).
                     spec = kernels.sm90_split_kernel(fmt)
-                    spec = dataclasses.replace(spec, defines=spec.defines + (("HIPMLA_ABLATION_VARIANT", str(k)),),
+                    spec = dataclasses.replace(spec, defines=spec.defines + (("HIPMLA_ABLATION_VARIANT",
+                                                                              str(tree_index[root])),),
                                                dynamic_shared_bytes=max(shared, spec.dynamic_shared_bytes))
-                    dec = Decoder(fmt, BENCH_SM_SCALE, selftest=args.check, max_batch=max_b, kernel=spec)
+                    dec = Decoder(fmt, BENCH_SM_SCALE, selftest=args.check, max_batch=max_b, kernel=spec,
+                                  placement=placement)
                     results[name].append(statistics.median(timer.time(lambda: dec.run(**bufs, **extra),
                                                                       args.iters, flush=True)))
                     dec.close()

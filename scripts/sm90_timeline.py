@@ -3,9 +3,10 @@
 A copy of hip_src is edited (text insertions into decode/split_sm90.hip, each of which must
 apply exactly once, so a changed kernel makes this script fail, not lie) so that thread 0
 of every block reads %globaltimer (ns, one clock for the whole GPU) at the phase
-boundaries below and, at its end, writes them into its own partial slot of the decoder's
-scratch, which the script reads back after the last timed call. The partials are then
-overwritten: the build's OUTPUTS ARE WRONG; its stamps and its time are what it is for.
+boundaries below and, at its end, writes them into partial slot grid + its block index of
+the decoder's scratch (reserved twice as large; the items' own slots are the claimed
+items', hip_src/core/placement.h), which the script reads back after the last timed call.
+The build's OUTPUTS ARE WRONG; its stamps and its time are what it is for.
 
     python3 scripts/sm90_timeline.py [--formats mxfp4] [--shapes 4x1k,4x8k,32x1k] [--iters 20] [--page-size 16]
 
@@ -41,7 +42,7 @@ PHASES = ("start", "schedule", "prologue", "tiles", "stored", "arrived", "end")
 # (the chunk and the item counts), the item search, and at its return (the page check).
 SCHEDULE = ("scan 1", "scan 2", "search", "pages")
 WORDS = 16  # u64 per block record: PHASES, seq, tokens, n_items, last, smid, then SCHEDULE at 12..
-SLOT_WORDS = 16 * 512 // 2  # u64 per partial slot: a block records into its own slot
+SLOT_WORDS = 16 * 512 // 2  # u64 per partial slot: block b records into slot grid + b
 
 STAMP = "HIPMLA_STAMP"
 HELPERS = f"""
@@ -57,7 +58,8 @@ constexpr long long SLOT_WORDS = {SLOT_WORDS};
 """
 RECORD = """
     if (thread_index() == 0) {
-        unsigned long long* rec = reinterpret_cast<unsigned long long*>(p.part_acc) + (long long)block_index() * SLOT_WORDS;
+        unsigned long long* rec = reinterpret_cast<unsigned long long*>(p.part_acc) +
+            (long long)(block_count() + block_index()) * SLOT_WORDS;
         for (int k = 0; k < 7; ++k) rec[k] = hipmla_stamp[k];
         rec[7] = (unsigned long long)(long long)%(seq)s;
         rec[8] = (unsigned long long)(long long)%(tokens)s;
@@ -156,6 +158,12 @@ def summarize(rec: np.ndarray, event_us: float) -> str:
     if (~work).any():
         e = rel[~work]
         lines.append(f"  empty blocks: schedule done at median {np.median(e[:, 1]):.1f} us (max {e[:, 1].max():.1f})")
+        # The latest of them, stamp by stamp (us since the launch's first start): where a
+        # block without an item spends its time (the placement's wait, a late start).
+        inner = (rec[~work, 12:16].astype(np.int64) - np.int64(t0)) / 1e3
+        for k in np.argsort(e[:, 1])[-4:]:
+            lines.append(f"    block {int(np.flatnonzero(~work)[k])} on SM {int(rec[~work][k, 11])}: start {e[k, 0]:.1f}, "
+                         + ", ".join(f"{SCHEDULE[j]} {inner[k, j]:.1f}" for j in range(4)) + f", done {e[k, 1]:.1f}")
     if work.any():
         w = rel[work]
         steps = np.diff(w[:, :7], axis=1)
@@ -216,13 +224,15 @@ def main(argv: list[str]) -> int:
                 dec.policy = dataclasses.replace(SplitPolicy.for_device(info.num_cus, items_per_cu=per_cu),
                                                  min_split_tokens=min_tokens, max_ranges=max_ranges)
                 dec._params.set_split(dec.policy)
-            dec.reserve(max_b)  # the scratch follows dec.policy
+            # The scratch follows dec.policy; slots [grid, 2 grid) hold the records.
+            dec.reserve(2 * max_b + dec.policy.target_items)
             kernels.hip_src_dir = lambda: original
             for name, (b, n) in shapes.items():
                 _, bufs, extra = lens_step(kv, np.full(b, n), args.page_size, rng)
                 times = timer.time(lambda: dec.run(**bufs, **extra), args.iters, flush=not args.warm_l2)
                 grid = kernels.grid_decode(dec.policy.max_items(b))[0]
-                slots = runtime.DeviceArray((grid, SLOT_WORDS), np.uint64, ptr=dec._scratch.ptr)
+                slots = runtime.DeviceArray((grid, SLOT_WORDS), np.uint64,
+                                            ptr=dec._scratch.ptr + grid * SLOT_WORDS * 8)
                 raw = slots.to_host()[:, :WORDS]
                 print(f"{fmt} {name}:")
                 print(summarize(raw, statistics.median(times)))

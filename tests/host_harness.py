@@ -23,8 +23,10 @@ typedef unsigned int u32x4 __attribute__((ext_vector_type(4)));
 typedef float f32x2 __attribute__((ext_vector_type(2)));
 typedef float f32x4 __attribute__((ext_vector_type(4)));
 inline thread_local unsigned host_thread;
-inline unsigned host_block;
-inline std::barrier<>* host_barrier;
+// Per thread: a launch may run several blocks at once (tests/test_placement.py), each
+// thread of a block sets both when it starts.
+inline thread_local unsigned host_block;
+inline thread_local std::barrier<>* host_barrier;
 inline unsigned thread_index() { return host_thread; }
 inline unsigned block_index() { return host_block; }
 inline void block_sync() { host_barrier->arrive_and_wait(); }
@@ -45,6 +47,26 @@ inline f32x4 load_coherent(const f32x4* p) { return *p; }
 inline f32x2 load_coherent(const f32x2* p) { return *p; }
 inline float load_coherent(const float* p) { return *p; }
 inline int load_relaxed_device(const int* p) { return std::atomic_ref<int>(*const_cast<int*>(p)).load(); }
+inline unsigned long long load_relaxed_device_u64(const unsigned long long* p) {
+    return std::atomic_ref<unsigned long long>(*const_cast<unsigned long long*>(p)).load();
+}
+inline unsigned long long atomic_add_device_u64(unsigned long long* p, unsigned long long v) {
+    return std::atomic_ref<unsigned long long>(*p).fetch_add(v);
+}
+inline void atomic_store_device_u64(unsigned long long* p, unsigned long long v) {
+    std::atomic_ref<unsigned long long>(*p).store(v);
+}
+// The launch's blocks, and the "SM" each runs on: host_sm_map[b] if set, else block b on
+// SM b % host_sms (hipmla_host_launch runs the blocks one after another, so there an
+// SM's first block always claims before its second); no SM ids while host_sms is 0.
+inline unsigned host_grid = 1;
+inline int host_sms = 0;
+inline const int* host_sm_map = nullptr;
+inline unsigned block_count() { return host_grid; }
+inline int sm_id() {
+    if (host_sm_map != nullptr) return host_sm_map[host_block];
+    return host_sms > 0 ? int(host_block % unsigned(host_sms)) : -1;
+}
 inline unsigned long long timer_ns() {
     return (unsigned long long)std::chrono::duration_cast<std::chrono::nanoseconds>(
         std::chrono::steady_clock::now().time_since_epoch()).count();
@@ -81,12 +103,13 @@ inline void host_wait_vm(int n) {
 HOST_LAUNCH = r"""
 extern "C" void hipmla_host_launch(MlaDecodeParams p, int grid, int threads) {
     std::barrier<> bar(threads);
-    hipmla::host_barrier = &bar;
+    hipmla::host_grid = unsigned(grid);
     for (int b = 0; b < grid; ++b) {
-        hipmla::host_block = unsigned(b);
         std::vector<std::thread> pool;
         for (int t = 0; t < threads; ++t)
-            pool.emplace_back([p, t] {
+            pool.emplace_back([p, t, b, &bar] {
+                hipmla::host_barrier = &bar;
+                hipmla::host_block = unsigned(b);
                 hipmla::host_thread = unsigned(t);
                 HIPMLA_HOST_KERNEL(p);
                 hipmla::host_copies_left += int(hipmla::host_copies.size());
@@ -97,6 +120,8 @@ extern "C" void hipmla_host_launch(MlaDecodeParams p, int grid, int threads) {
 }
 // Late copies on (1) or off (0) for the next launches; returns the copies left pending at
 // thread ends since the last call.
+// Blocks on `sms` SMs, block b on SM b % sms, for the next launches (0: no SM ids).
+extern "C" void hipmla_host_sms(int sms) { hipmla::host_sms = sms; }
 extern "C" int hipmla_host_late_copies(int on) {
     hipmla::host_late_copies = on;
     return hipmla::host_copies_left.exchange(0);

@@ -181,12 +181,12 @@ class FakeGPU:
         return ptr
 
 
-def fake_runtime(monkeypatch, arch: str, num_cus: int = NUM_CUS) -> FakeGPU:
+def fake_runtime(monkeypatch, arch: str, num_cus: int = NUM_CUS, platform: str = "amd") -> FakeGPU:
     """Fake the runtime under a Decoder: launches are recorded, nothing touches a GPU."""
     from hipmla import runtime
 
     gpu = FakeGPU()
-    info = runtime.DeviceInfo(index=0, name="fake", arch=arch, arch_full=arch, platform="amd",
+    info = runtime.DeviceInfo(index=0, name="fake", arch=arch, arch_full=arch, platform=platform,
                               num_cus=num_cus, warp_size=64, max_shared_per_block=65536,
                               shared_optin=65536, total_mem=1 << 34, l2_bytes=1 << 22, mem_clock_khz=0,
                               mem_bus_bits=0, pci_bus_id=0, peak_bandwidth_gbs=0.0)
@@ -482,6 +482,35 @@ def scratch_layout(dec: decode.Decoder, max_batch: int) -> tuple[int, int, int]:
     slots = dec.policy.max_items(max_batch)
     acc, ml = slots * H * D_V * 4, slots * H * 2 * 4
     return acc, acc + ml, acc + ml + (2 * max_batch + 2) * 4
+
+
+@pytest.mark.parametrize("platform, placement", [("nvidia", True), ("nvidia", False), ("amd", True)])
+def test_placement_words_follow_the_counters_on_nvidia(monkeypatch, platform, placement):
+    # core/placement.h: a block knows its SM on NVIDIA only; the words start at zero once
+    gpu = fake_runtime(monkeypatch, "sm_90", platform=platform)
+    dec = decode.Decoder("mxfp4", 1 / 24, max_batch=4, placement=placement)
+    (scratch,) = gpu.buffers
+    _, counters_off, nbytes = scratch_layout(dec, 4)
+    on = platform == "nvidia" and placement
+    # 10 words of counters and error word, padded to 12: the placement words are 16-byte aligned
+    words = 12 + kernels.placement_words(NUM_CUS) if on else 2 * 4 + 2
+    assert kernels.placement_words(NUM_CUS) == 4 + 20  # 19 SM words padded to 20
+    assert scratch.nbytes >= counters_off + 4 * words
+    assert gpu.memsets == [(scratch.ptr + counters_off, 0, words * 4)]
+    dec.run(**args(4))
+    launch = gpu.launches[-1]
+    if on:
+        assert launch.placement == scratch.ptr + counters_off + 12 * 4 and launch.placement % 16 == 0
+        assert launch.placement_sms == NUM_CUS
+    else:
+        assert not launch.placement and launch.placement_sms == 0
+
+
+def test_placement_must_be_a_bool(monkeypatch):
+    gpu = fake_runtime(monkeypatch, "sm_90", platform="nvidia")
+    with pytest.raises(TypeError, match="^placement: expected a bool, got int 1"):
+        decode.Decoder("mxfp4", 1 / 24, placement=1)
+    assert gpu.calls["alloc"] == 0
 
 
 def test_reserve_sizes_the_scratch_once_and_grows_only(monkeypatch):

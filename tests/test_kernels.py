@@ -429,6 +429,8 @@ class HostLaunch:
         self._late = lib.hipmla_host_late_copies
         self._late.argtypes = [ctypes.c_int]
         self._late.restype = ctypes.c_int
+        self.sms = lib.hipmla_host_sms  # block b on SM b % sms for the next launches (0: no SM ids)
+        self.sms.argtypes = [ctypes.c_int]
 
     def __call__(self, p, grid: int, threads: int) -> None:
         self._launch(p, grid, threads)
@@ -445,11 +447,12 @@ def _ptr(a: np.ndarray | None) -> int | None:
 
 def run_on_host(host_kernels, q, kv: KVCache, layout: KvLayout, policy: SplitPolicy, sm_scale: float,
                 q_precision: str, arch: str, errors: np.ndarray | None = None, qo: np.ndarray | None = None,
-                spec: KernelSpec | None = None):
+                spec: KernelSpec | None = None, placement_sms: int = 0):
     """A kernel over the whole grid, on the CPU; returns (out f32, lse, counters). The
     portable kernel unless ``spec`` names another (a CDNA fast kernel: tests/host_cdna.h).
     ``errors`` (one int32) receives the kernel's error word; ``qo`` is a qo_indptr (q then
-    has its rows, and any of 16..128 heads)."""
+    has its rows, and any of 16..128 heads). ``placement_sms`` > 0: the blocks claim their
+    items (core/placement.h), block b on SM b % placement_sms; the words must reset."""
     batch = layout.batch
     t_q, heads = q.shape[0], q.shape[1]
     rows = t_q * heads // 16
@@ -463,7 +466,8 @@ def run_on_host(host_kernels, q, kv: KVCache, layout: KvLayout, policy: SplitPol
     indptr = np.ascontiguousarray(layout.kv_indptr, dtype=np.int32)
     indices = None if not layout.paged else np.ascontiguousarray(layout.kv_indices, dtype=np.int32)
     last = None if not layout.paged else np.ascontiguousarray(layout.kv_last_page_len, dtype=np.int32)
-    keep = [q, kv.data, kv.scales, indptr, indices, last, errors, qo32]
+    words = np.zeros(kernels.placement_words(placement_sms), dtype=np.int32) if placement_sms else None
+    keep = [q, kv.data, kv.scales, indptr, indices, last, errors, qo32, words]
     p = DecodeParams(
         q=_ptr(q), kv=_ptr(kv.data), kv_scale=_ptr(kv.scales), kv_indptr=_ptr(indptr),
         kv_indices=_ptr(indices), kv_last_page_len=_ptr(last), qo_indptr=_ptr(qo32), counters=_ptr(counters),
@@ -474,10 +478,18 @@ def run_on_host(host_kernels, q, kv: KVCache, layout: KvLayout, policy: SplitPol
         batch=batch, page_shift=layout.page_size.bit_length() - 1,
         errors=_ptr(errors), kv_rows=kv.rows,
         n_indices=0 if indices is None or getattr(layout, "unbounded", False) else indices.shape[0],
-        head_groups=heads // 16, q_tokens=t_q,
+        head_groups=heads // 16, q_tokens=t_q, placement=_ptr(words), placement_sms=placement_sms,
     )
     p.set_split(policy)
-    host_kernels(spec or split_kernel(kv.format, q_precision), arch)(p, grid_decode(grid)[0], 256)
+    launch = host_kernels(spec or split_kernel(kv.format, q_precision), arch)
+    if placement_sms:
+        launch.sms(placement_sms)
+    try:
+        launch(p, grid_decode(grid)[0], 256)
+    finally:
+        if placement_sms:
+            launch.sms(0)
+    assert words is None or not words.any(), f"placement words left {words}"
     del keep
     return out.view(ml_dtypes.bfloat16).astype(np.float32), lse, counters
 
@@ -683,6 +695,20 @@ def test_sm90_kernel_on_cpu_paged_is_bit_identical_to_contiguous(host_kernels):
     assert np.array_equal(out_c.view(np.uint32), out_p.view(np.uint32))
     assert np.array_equal(lse_c.view(np.uint32), lse_p.view(np.uint32))
     assert (counters == 0).all() and np.isfinite(out_p).all()
+
+
+def test_sm90_kernel_on_cpu_with_claimed_items_is_bit_identical(host_kernels):
+    # core/placement.h in the whole kernel: blocks claim their items (8 SMs, 7 rows, 10
+    # items: the first blocks and two second blocks run items) and the last claim resets
+    # the words (run_on_host checks them); the bits are item i on block i's
+    q, kv, layout = _case("mxfp4", "e4m3fn", seed=23)
+    spec = kernels.sm90_split_kernel("mxfp4")
+    out_a, lse_a, _ = run_on_host(host_kernels, q, kv, layout, POLICY, 1 / 24, "bf16", "sm_90", spec=spec)
+    out_b, lse_b, counters = run_on_host(host_kernels, q, kv, layout, POLICY, 1 / 24, "bf16", "sm_90", spec=spec,
+                                         placement_sms=8)
+    assert np.array_equal(out_a.view(np.uint32), out_b.view(np.uint32))
+    assert np.array_equal(lse_a.view(np.uint32), lse_b.view(np.uint32))
+    assert (counters == 0).all() and np.isfinite(out_b).all()
 
 
 def _tsan_runtime() -> str | None:

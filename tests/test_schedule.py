@@ -147,6 +147,7 @@ extern "C" void dump_schedule(MlaDecodeParams p, int grid, int* out) {
         std::vector<std::thread> pool;
         for (int t = 0; t < 256; ++t)
             pool.emplace_back([&, t] {
+                hipmla::host_barrier = &bar;
                 hipmla::host_thread = unsigned(t);
                 const hipmla::WorkItem it = hipmla::schedule_item<256>(p, b, sm);
                 if (t == 0) {

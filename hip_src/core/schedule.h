@@ -44,6 +44,7 @@
 #include "params.h"
 #include "common/platform.h"
 #include "core/paged.h"
+#include "core/placement.h"
 
 namespace hipmla {
 
@@ -69,6 +70,7 @@ struct ScheduleSmem {
     long long scan[THREADS];
     long long group_sum[THREADS / SCAN_GROUP];
     WorkItem item;
+    int claimed;  // the item placement_claim gave this block
     int bad_page;
     int qo_bad;
 };
@@ -200,9 +202,16 @@ HIPMLA_DEVICE void report_bad_item(const MlaDecodeParams& p, const WorkItem& it)
     if (it.bad && thread_index() == 0 && p.errors != nullptr) atomic_or_device(p.errors, it.bad);
 }
 
+// `block`: the block's index, its item unless p.placement hands the items out
+// (core/placement.h: thread THREADS - 1 claims one between the two scans).
 template <int THREADS>
 HIPMLA_DEVICE WorkItem schedule_item(const MlaDecodeParams& p, int block, ScheduleSmem<THREADS>& sm) {
     const int tid = int(thread_index());
+    // The last thread has no sequence while the batch is below THREADS: its atomics wait
+    // beside the other threads' length reads, not in front of them.
+    const bool placed = placement_pays(p);
+    const bool claimer = placed && tid == THREADS - 1;
+    const bool first_on_sm = claimer && placement_arrive(p);
     const int per = (p.batch + THREADS - 1) / THREADS;
     const int s0 = tid * per < p.batch ? tid * per : p.batch;
     const int s1 = s0 + per < p.batch ? s0 + per : p.batch;
@@ -229,6 +238,11 @@ HIPMLA_DEVICE WorkItem schedule_item(const MlaDecodeParams& p, int block, Schedu
     const bool active = s0 < s1;
     long long total = 0;
     block_exclusive_scan<THREADS>(mine, sm, 0, p.batch, total, active);
+    if (claimer) {
+        bool last = false;
+        sm.claimed = placement_claim(p, first_on_sm, last);  // published by the second scan's barrier
+        if (last) placement_reset(p);
+    }
 
     long long chunk = 1;  // (no thread without a sequence uses it)
     if (active) {
@@ -258,6 +272,7 @@ HIPMLA_DEVICE WorkItem schedule_item(const MlaDecodeParams& p, int block, Schedu
     }
     long long n_all = 0;
     long long first = block_exclusive_scan<THREADS>(count, sm, 1, p.batch, n_all, active);
+    if (placed) block = sm.claimed;
     if (qo_bad) atomic_or_block(&sm.qo_bad, 1);  // after the scan's syncs: thread 0 set it first
     if (block >= first && block < first + count) {
         for (int s = s0; s < s1; ++s) {
