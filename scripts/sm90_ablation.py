@@ -5,7 +5,7 @@ which must apply exactly once, so a changed kernel makes this script fail, not l
 the decoder runs it with its self-test off. The outputs of those builds are WRONG: only
 their device time means something. Times are CUDA events, L2 flushed, median of --iters.
 
-    python3 scripts/sm90_ablation.py [--formats mxfp4,fp8] [--shapes 64x8k,256x8k,4x1k] [--variants full,-merge]
+    python3 scripts/sm90_ablation.py [--formats mxfp4,fp8] [--shapes 64x8k,256x8k,4x1k,rag64] [--variants full,-merge]
 
 With --tree NAME=DIR (repeatable) it also times the kernel of another hip_src tree (a
 worktree of an earlier commit, a trial change) beside the variants: an A/B of two designs
@@ -34,7 +34,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from hipmla import kernels, runtime  # noqa: E402
-from hipmla.bench import Timer, lens_step, read_gbs  # noqa: E402
+from hipmla.bench import Timer, lens_step, ragged_mixes, read_gbs  # noqa: E402
 from hipmla.decode import Decoder  # noqa: E402
 from hipmla.inputs import BENCH_SM_SCALE, random_cache  # noqa: E402
 
@@ -134,7 +134,8 @@ def main(argv: list[str]) -> int:
             raise SystemExit(f"--tree: expected NAME=DIR with DIR/{KERNEL}, got {item!r}")
         trees_in[name] = Path(path).resolve()
     formats = args.formats.split(",")
-    shapes = {name: SHAPES[name] for name in args.shapes.split(",")}
+    known = {name: np.full(b, n) for name, (b, n) in SHAPES.items()} | ragged_mixes()
+    shapes = {name: known[name] for name in args.shapes.split(",")}
     info = runtime.device_info(0)
     timer = Timer(info.l2_bytes)
     layout_name = f"paged, {args.page_size} rows a page" if args.page_size else "contiguous rows"
@@ -159,10 +160,10 @@ def main(argv: list[str]) -> int:
         print(f"{'variant':>16} " + " ".join(f"{f + ' ' + s:>14}" for f in formats for s in shapes), flush=True)
         results = {name: [] for name, _, _, _ in runs}
         for fmt in formats:
-            max_b = max(b for b, _ in shapes.values())
-            kv = random_cache(max(b * n for b, n in shapes.values()), fmt, rng)
-            for b, n in shapes.values():
-                _, bufs, extra = lens_step(kv, np.full(b, n), args.page_size, rng)
+            max_b = max(lens.size for lens in shapes.values())
+            kv = random_cache(max(int(lens.sum()) for lens in shapes.values()), fmt, rng)
+            for lens in shapes.values():
+                _, bufs, extra = lens_step(kv, lens, args.page_size, rng)
                 for name, root, shared, placement in runs:
                     kernels.hip_src_dir = lambda root=root: root  # this process compiles from the edited copy
                     # A define of its own per tree: the runtime keeps one loaded kernel per spec
