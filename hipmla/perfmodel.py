@@ -320,10 +320,12 @@ def place(num_cus: int, blocks_per_cu: int, tile_tokens: int, batch: int, kv_len
     device: SplitPolicy.for_device(num_cus), or with ``split`` = (min_split_tokens,
     max_ranges) instead of its defaults), dealt longest first to the least loaded block
     slot; slot s sits on CU s mod num_cus (the dispatcher fills every CU once before it
-    puts a second block on any). A partial last tile costs a whole one. An assumption the
-    H200 does not always keep: there 128 item blocks of a launch ran on 120 SMs, 8 of them
-    two (scripts/results/h200-2026-12-04-sm90-timeline-placement.txt), so shapes with
-    between about half and twice as many items as SMs can take longer than predicted."""
+    puts a second block on any). A partial last tile costs a whole one. The H200's
+    dispatcher does not keep that (128 item blocks of a launch ran on 120 SMs, 8 of them
+    two: scripts/results/h200-2026-12-04-sm90-timeline-placement.txt); the kernels make it
+    true on NVIDIA by handing the items to the SMs' first blocks first
+    (hip_src/core/placement.h). On AMD, where a block does not know its CU, a step of
+    fewer items than CUs may still take longer than predicted."""
     policy = SplitPolicy.for_device(num_cus)
     if split is not None:
         policy = replace(policy, min_split_tokens=split[0], max_ranges=split[1])

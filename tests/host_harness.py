@@ -100,6 +100,36 @@ inline void host_wait_vm(int n) {
 }  // namespace hipmla
 """
 
+# core/schedule.h block by block (tests/test_schedule.py, tests/test_placement.py): block
+# b on SM b % sms (0: no SM ids); out[9 b ..]: seq, begin, end, slot, first_slot, n_items,
+# row, slot_stride, bad of its item.
+SCHEDULE_DUMP = r"""
+extern "C" void dump_schedule(MlaDecodeParams p, int grid, int sms, int* out) {
+    std::barrier<> bar(256);
+    hipmla::host_grid = unsigned(grid);
+    hipmla::host_sms = sms;
+    static hipmla::ScheduleSmem<256> sm;
+    for (int b = 0; b < grid; ++b) {
+        std::vector<std::thread> pool;
+        for (int t = 0; t < 256; ++t)
+            pool.emplace_back([&, t] {
+                hipmla::host_barrier = &bar;
+                hipmla::host_block = unsigned(b);
+                hipmla::host_thread = unsigned(t);
+                const hipmla::WorkItem it = hipmla::schedule_item<256>(p, b, sm);
+                if (t == 0) {
+                    int* o = out + 9 * b;
+                    o[0] = it.seq; o[1] = it.begin; o[2] = it.end;
+                    o[3] = it.slot; o[4] = it.first_slot; o[5] = it.n_items;
+                    o[6] = it.row; o[7] = it.slot_stride; o[8] = it.bad;
+                }
+            });
+        for (auto& th : pool) th.join();
+    }
+    hipmla::host_sms = 0;
+}
+"""
+
 HOST_LAUNCH = r"""
 extern "C" void hipmla_host_launch(MlaDecodeParams p, int grid, int threads) {
     std::barrier<> bar(threads);

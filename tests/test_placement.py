@@ -17,7 +17,7 @@ import subprocess
 import numpy as np
 import pytest
 
-from host_harness import HOST_PRELUDE
+from host_harness import HOST_PRELUDE, SCHEDULE_DUMP
 from hipmla import kernels
 from hipmla.kernels import DecodeParams, hip_src_dir, translation_unit
 from hipmla.paging import KvLayout
@@ -25,33 +25,9 @@ from hipmla.schedule import SplitPolicy, schedule
 
 CLANG = shutil.which("clang++-22")
 
-DUMP = r"""
-extern "C" void dump_items(MlaDecodeParams p, int grid, int sms, int* out) {
-    std::barrier<> bar(256);
-    hipmla::host_grid = unsigned(grid);
-    hipmla::host_sms = sms;
-    hipmla::host_sm_map = nullptr;
-    static hipmla::ScheduleSmem<256> sm;
-    for (int b = 0; b < grid; ++b) {
-        std::vector<std::thread> pool;
-        for (int t = 0; t < 256; ++t)
-            pool.emplace_back([&, t] {
-                hipmla::host_barrier = &bar;
-                hipmla::host_block = unsigned(b);
-                hipmla::host_thread = unsigned(t);
-                const hipmla::WorkItem it = hipmla::schedule_item<256>(p, b, sm);
-                if (t == 0) {
-                    out[3 * b] = it.seq;
-                    out[3 * b + 1] = it.slot;
-                    out[3 * b + 2] = it.begin;
-                }
-            });
-        for (auto& th : pool) th.join();
-    }
-}
-
+DUMP_CONCURRENT = r"""
 // Every block at once, as a GPU runs a wave: blocks [0, early) start first, the rest
-// `delay_ms` later; block b on SM sm_of[b]. Out: the block's (seq, slot, rank-0?).
+// `delay_ms` later; block b on SM sm_of[b]. Out: the block's (seq, slot, begin).
 extern "C" void dump_concurrent(MlaDecodeParams p, int grid, const int* sm_of, int early, int delay_ms, int* out) {
     hipmla::host_grid = unsigned(grid);
     hipmla::host_sm_map = sm_of;
@@ -90,7 +66,7 @@ def _build(d, defines=()):
     if CLANG is None:
         pytest.skip("clang++-22 not installed (the harness uses clang vector types)")
     src = d / "placement.cpp"
-    src.write_text(HOST_PRELUDE + translation_unit("core/schedule.h") + DUMP)
+    src.write_text(HOST_PRELUDE + translation_unit("core/schedule.h") + SCHEDULE_DUMP + DUMP_CONCURRENT)
     lib = d / "placement.so"
     subprocess.run([CLANG, "-std=c++20", "-O1", "-shared", "-fPIC", "-pthread", *defines, str(src), "-o", str(lib)],
                    check=True, capture_output=True, text=True)
@@ -104,7 +80,7 @@ def lib(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def dump(lib):
-    fn = lib.dump_items
+    fn = lib.dump_schedule
     fn.argtypes = [DecodeParams, ctypes.c_int, ctypes.c_int, ctypes.c_void_p]
     return fn
 
@@ -116,17 +92,18 @@ def dump_concurrent(lib):
     return fn
 
 
-def _launch(dump, lens, policy: SplitPolicy, sms: int, words: np.ndarray, placement_sms: int | None = None):
+def _launch(dump, lens, policy: SplitPolicy, sms: int, words: np.ndarray | None, placement_sms: int | None = None):
     """Each block's (seq, slot, begin) of one launch, the placement words it left."""
     lens = np.asarray(lens)
     indptr = np.ascontiguousarray(KvLayout.contiguous(lens).kv_indptr, dtype=np.int32)
     grid = policy.max_items(lens.size)
-    out = np.full((grid, 3), -7, dtype=np.int32)
+    out = np.full((grid, 9), -7, dtype=np.int32)
     p = DecodeParams(kv_indptr=indptr.ctypes.data, batch=lens.size, head_groups=1, q_tokens=lens.size,
-                     placement=words.ctypes.data, placement_sms=sms if placement_sms is None else placement_sms)
+                     placement=None if words is None else words.ctypes.data,
+                     placement_sms=sms if placement_sms is None else placement_sms)
     p.set_split(policy)
     dump(p, grid, sms, out.ctypes.data)
-    return out
+    return out[:, [0, 3, 1]]  # seq, slot, begin
 
 
 @pytest.mark.parametrize("lens, sms", [([8192] * 8, 132), ([8192] * 8, 100), ([1024] * 4, 16),
@@ -199,15 +176,10 @@ def test_a_step_of_more_rows_than_sms_leaves_the_words_alone(dump):
 def test_without_placement_words_item_i_is_block_i(dump):
     lens = [8192] * 8
     policy = SplitPolicy.for_device(132)
-    indptr = np.ascontiguousarray(KvLayout.contiguous(np.asarray(lens)).kv_indptr, dtype=np.int32)
-    grid = policy.max_items(len(lens))
-    out = np.full((grid, 3), -7, dtype=np.int32)
-    p = DecodeParams(kv_indptr=indptr.ctypes.data, batch=len(lens), head_groups=1, q_tokens=len(lens))
-    p.set_split(policy)
-    dump(p, grid, 5, out.ctypes.data)
+    got = _launch(dump, lens, policy, 5, None)
     n = schedule(lens, policy).size
-    np.testing.assert_array_equal(out[:n, 1], np.arange(n))
-    assert (out[n:, 0] == -1).all()
+    np.testing.assert_array_equal(got[:n, 1], np.arange(n))
+    assert (got[n:, 0] == -1).all()
 
 
 def test_second_blocks_that_come_first_let_the_first_blocks_of_other_sms_claim(dump_concurrent):

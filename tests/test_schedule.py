@@ -15,7 +15,7 @@ import subprocess
 import numpy as np
 import pytest
 
-from host_harness import HOST_PRELUDE
+from host_harness import HOST_PRELUDE, SCHEDULE_DUMP
 from hipmla.inputs import random_seq_lens
 from hipmla.kernels import DecodeParams, translation_unit
 from hipmla.paging import KvLayout, random_page_table
@@ -138,29 +138,6 @@ def test_max_items_bounds_the_grid():
 
 # --------------------------------------------------------------------- the device code
 
-DUMP = r"""
-extern "C" void dump_schedule(MlaDecodeParams p, int grid, int* out) {
-    std::barrier<> bar(256);
-    hipmla::host_barrier = &bar;
-    static hipmla::ScheduleSmem<256> sm;
-    for (int b = 0; b < grid; ++b) {
-        std::vector<std::thread> pool;
-        for (int t = 0; t < 256; ++t)
-            pool.emplace_back([&, t] {
-                hipmla::host_barrier = &bar;
-                hipmla::host_thread = unsigned(t);
-                const hipmla::WorkItem it = hipmla::schedule_item<256>(p, b, sm);
-                if (t == 0) {
-                    int* o = out + 9 * b;
-                    o[0] = it.seq; o[1] = it.begin; o[2] = it.end;
-                    o[3] = it.slot; o[4] = it.first_slot; o[5] = it.n_items;
-                    o[6] = it.row; o[7] = it.slot_stride; o[8] = it.bad;
-                }
-            });
-        for (auto& th : pool) th.join();
-    }
-}
-"""
 
 
 @pytest.fixture(scope="module")
@@ -169,12 +146,12 @@ def dump(tmp_path_factory):
         pytest.skip("clang++-22 not installed (the harness uses clang vector types)")
     d = tmp_path_factory.mktemp("sched")
     src = d / "sched.cpp"
-    src.write_text(HOST_PRELUDE + translation_unit("core/schedule.h") + DUMP)
+    src.write_text(HOST_PRELUDE + translation_unit("core/schedule.h") + SCHEDULE_DUMP)
     lib = d / "sched.so"
     subprocess.run([CLANG, "-std=c++20", "-O1", "-shared", "-fPIC", "-pthread", str(src), "-o", str(lib)],
                    check=True, capture_output=True, text=True)
     fn = ctypes.CDLL(str(lib)).dump_schedule
-    fn.argtypes = [DecodeParams, ctypes.c_int, ctypes.c_void_p]
+    fn.argtypes = [DecodeParams, ctypes.c_int, ctypes.c_int, ctypes.c_void_p]
     return fn
 
 
@@ -193,7 +170,7 @@ def _device_items(dump, layout: KvLayout, policy: SplitPolicy, qo=None, groups: 
                      batch=layout.batch, page_shift=layout.page_size.bit_length() - 1,
                      head_groups=groups, q_tokens=t_q)
     p.set_split(policy)
-    dump(p, grid, out.ctypes.data)
+    dump(p, grid, 0, out.ctypes.data)
     return out
 
 
