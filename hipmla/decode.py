@@ -19,7 +19,9 @@ and replay it for every later step of the same batch size.
 
 The decoder owns the split-partials scratch and the per-sequence counters, sized once
 for ``max_batch`` sequences (``reserve`` grows them, outside a step). One decoder serves
-one stream at a time: two steps in flight at once on two streams would share them.
+one stream at a time: two steps in flight at once on two streams would share them (and
+the placement words on NVIDIA, which a launch resets only when all its blocks have
+claimed: two launches overlapping there could leave them wrong for every later step).
 :meth:`Decoder.decode` is the convenience path for numpy arrays (copy in, run, copy out).
 """
 

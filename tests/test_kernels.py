@@ -447,12 +447,13 @@ def _ptr(a: np.ndarray | None) -> int | None:
 
 def run_on_host(host_kernels, q, kv: KVCache, layout: KvLayout, policy: SplitPolicy, sm_scale: float,
                 q_precision: str, arch: str, errors: np.ndarray | None = None, qo: np.ndarray | None = None,
-                spec: KernelSpec | None = None, placement_sms: int = 0):
+                spec: KernelSpec | None = None, placement_sms: int = 0, sms: int | None = None):
     """A kernel over the whole grid, on the CPU; returns (out f32, lse, counters). The
     portable kernel unless ``spec`` names another (a CDNA fast kernel: tests/host_cdna.h).
     ``errors`` (one int32) receives the kernel's error word; ``qo`` is a qo_indptr (q then
     has its rows, and any of 16..128 heads). ``placement_sms`` > 0: the blocks claim their
-    items (core/placement.h), block b on SM b % placement_sms; the words must reset."""
+    items (core/placement.h), block b on SM b % ``sms`` (default placement_sms); the words
+    must reset."""
     batch = layout.batch
     t_q, heads = q.shape[0], q.shape[1]
     rows = t_q * heads // 16
@@ -483,7 +484,7 @@ def run_on_host(host_kernels, q, kv: KVCache, layout: KvLayout, policy: SplitPol
     p.set_split(policy)
     launch = host_kernels(spec or split_kernel(kv.format, q_precision), arch)
     if placement_sms:
-        launch.sms(placement_sms)
+        launch.sms(placement_sms if sms is None else sms)
     try:
         launch(p, grid_decode(grid)[0], 256)
     finally:
@@ -698,14 +699,15 @@ def test_sm90_kernel_on_cpu_paged_is_bit_identical_to_contiguous(host_kernels):
 
 
 def test_sm90_kernel_on_cpu_with_claimed_items_is_bit_identical(host_kernels):
-    # core/placement.h in the whole kernel: blocks claim their items (8 SMs, 7 rows, 10
-    # items: the first blocks and two second blocks run items) and the last claim resets
-    # the words (run_on_host checks them); the bits are item i on block i's
+    # core/placement.h in the whole kernel: blocks claim their items and the last claim
+    # resets the words (run_on_host checks them); the bits are item i on block i's. 9 SMs
+    # counted, blocks on 8 (b % 8), 7 rows, 10 items, grid 15: blocks 0..7 (firsts) run
+    # items 0..7, block 8 (a second) item 9 and block 14 (a gap claim) item 8.
     q, kv, layout = _case("mxfp4", "e4m3fn", seed=23)
     spec = kernels.sm90_split_kernel("mxfp4")
     out_a, lse_a, _ = run_on_host(host_kernels, q, kv, layout, POLICY, 1 / 24, "bf16", "sm_90", spec=spec)
     out_b, lse_b, counters = run_on_host(host_kernels, q, kv, layout, POLICY, 1 / 24, "bf16", "sm_90", spec=spec,
-                                         placement_sms=8)
+                                         placement_sms=9, sms=8)
     assert np.array_equal(out_a.view(np.uint32), out_b.view(np.uint32))
     assert np.array_equal(lse_a.view(np.uint32), lse_b.view(np.uint32))
     assert (counters == 0).all() and np.isfinite(out_b).all()

@@ -106,8 +106,11 @@ def _launch(dump, lens, policy: SplitPolicy, sms: int, words: np.ndarray | None,
     return out[:, [0, 3, 1]]  # seq, slot, begin
 
 
+# Batches of at most 8 (the schedule's one-barrier scan), 45 (the two-level scan) and 300
+# (thread 255 owns a sequence, its claim beside its own loads), each with at most as many
+# rows as SMs (placement_pays).
 @pytest.mark.parametrize("lens, sms", [([8192] * 8, 132), ([8192] * 8, 100), ([1024] * 4, 16),
-                                       ([3000, 10, 0, 5000, 700] * 9, 40), ([512] * 300, 132)])
+                                       ([3000, 10, 0, 5000, 700] * 9, 45), ([512] * 300, 300)])
 def test_every_item_runs_once_and_the_first_blocks_of_the_sms_run_the_first(dump, lens, sms):
     policy = SplitPolicy.for_device(132)
     words = np.zeros(kernels.placement_words(sms), dtype=np.int32)
@@ -171,6 +174,29 @@ def test_a_step_of_more_rows_than_sms_leaves_the_words_alone(dump):
     n = schedule(lens, policy).size
     np.testing.assert_array_equal(got[:n, 1], np.arange(n))
     assert (words[:kernels.PLACEMENT_HEADER] == 0).all() and (words[kernels.PLACEMENT_HEADER:] == 7).all()
+
+
+@pytest.mark.parametrize("groups", [1, 2])
+def test_the_protocol_runs_up_to_as_many_rows_as_sms(dump, groups):
+    # rows = sequences x head_groups (query tokens x head_groups with qo_indptr): at E rows
+    # the blocks claim (the SM words, 7 at the start, are counted on and reset to 0), at
+    # E + 1 they are left alone.
+    sms = 12
+    policy = SplitPolicy.for_device(132)
+    for rows, claimed in ((sms, True), (sms + 2, False)):
+        lens = np.full(rows // groups, 900)
+        words = np.zeros(kernels.placement_words(sms), dtype=np.int32)
+        words[kernels.PLACEMENT_HEADER:] = 7
+        indptr = np.ascontiguousarray(KvLayout.contiguous(lens).kv_indptr, dtype=np.int32)
+        grid = policy.max_items(rows)
+        out = np.full((grid, 9), -7, dtype=np.int32)
+        p = DecodeParams(kv_indptr=indptr.ctypes.data, batch=lens.size, head_groups=groups, q_tokens=lens.size,
+                         placement=words.ctypes.data, placement_sms=sms)
+        p.set_split(policy)
+        dump(p, grid, sms, out.ctypes.data)
+        assert (words[kernels.PLACEMENT_HEADER:] == (0 if claimed else 7)).all(), (rows, words)
+        n = schedule(lens, policy, head_groups=groups).size
+        np.testing.assert_array_equal(np.sort(out[out[:, 0] >= 0, 3]), np.arange(n))
 
 
 def test_without_placement_words_item_i_is_block_i(dump):
@@ -244,16 +270,24 @@ def test_concurrent_blocks_on_random_sms_run_every_item_once(dump_concurrent, se
     # runs exactly once, the words reset after every launch, and with every counted SM
     # reached, a step of at most that many items runs one item an SM.
     rng = np.random.default_rng(seed)
-    counted = int(rng.integers(2, 7))
-    reached = counted if seed % 2 else int(rng.integers(1, counted))
     lens = rng.integers(0, 700, size=int(rng.integers(1, 4)))
     policy = SplitPolicy(target_items=int(rng.integers(2, 9)), min_split_tokens=128)
     s = schedule(lens, policy)
     grid = policy.max_items(len(lens))
+    if seed % 2:  # every counted SM reached, at least as many as items
+        counted = reached = int(rng.integers(s.size, grid + 1))
+    else:
+        counted = int(rng.integers(max(2, len(lens)), 7))
+        reached = int(rng.integers(1, counted))
     indptr = np.ascontiguousarray(KvLayout.contiguous(lens).kv_indptr, dtype=np.int32)
     words = np.zeros(kernels.placement_words(counted), dtype=np.int32)
+    checked = []
     for launch in range(3):
+        # every reached SM gets a block (then a permutation), the rest anywhere
         sm_of = rng.integers(0, reached, size=grid).astype(np.int32)
+        if grid >= reached:
+            sm_of[:reached] = np.arange(reached)
+            rng.shuffle(sm_of)
         out = np.full((grid, 3), -7, dtype=np.int32)
         p = DecodeParams(kv_indptr=indptr.ctypes.data, batch=len(lens), head_groups=1, q_tokens=len(lens),
                          placement=words.ctypes.data, placement_sms=counted)
@@ -264,4 +298,7 @@ def test_concurrent_blocks_on_random_sms_run_every_item_once(dump_concurrent, se
         np.testing.assert_array_equal(np.sort(out[with_item, 1]), np.arange(s.size))
         np.testing.assert_array_equal(out[with_item, 0], s.seq[out[with_item, 1]])
         if len(set(sm_of.tolist())) == counted and s.size <= min(counted, grid):
+            checked.append(seed)
             assert len(set(sm_of[with_item])) == s.size, (sm_of[with_item], s.size)
+    if seed % 2:  # every counted SM reached: the one-item-an-SM check ran
+        assert checked, "the case never had at most as many items as SMs"

@@ -97,7 +97,8 @@ HIPMLA_DEVICE void atomic_store_device_u64(unsigned long long* p, unsigned long 
 // Blocks of the launch (grid_size_x counts work-items on AMD).
 HIPMLA_DEVICE unsigned block_count() { return __builtin_amdgcn_grid_size_x() / __builtin_amdgcn_workgroup_size_x(); }
 // The compute unit a block runs on, as a dense index: none here (HW_ID's CU, SH and SE
-// fields are not one; core/placement.h then treats every block as its CU's first).
+// fields are not one; core/placement.h then counts every block as a second one, and the
+// decoder passes no placement words on AMD).
 HIPMLA_DEVICE int sm_id() { return -1; }
 // Nanoseconds of a clock every block of the device shares: s_memrealtime, a constant
 // 100 MHz on gfx9 (CDNA3 ISA, "S_MEMREALTIME").

@@ -8,8 +8,9 @@
 // the same kernel launched so that one block fits an SM took 34.0 us instead of 48.6).
 // With p.placement set, the block that comes first to an SM (its "first" block) takes
 // the next of the items [0, E), E = min(p.placement_sms, grid), and every other block
-// (a "second" block) the next of [E, grid): a step of at most E items runs one item an
-// SM whatever order the blocks come in, and nobody waits for anybody.
+// (a "second" block) the next of [E, grid): a step of n <= E items runs one item an SM
+// whatever order the blocks come in, as long as n SMs get a block of the launch (an item
+// a gap claim takes, below, runs beside another), and nobody waits for anybody.
 //
 // Protocol (p.placement: the decoder's scratch, zero between launches; thread
 // THREADS - 1 of each block, between the schedule's two scans):
@@ -30,9 +31,11 @@
 //   3. The claim after which f + s = grid and g = max(0, E + s - grid) is the launch's
 //      last access to the words (every block's SM word was counted before its claim):
 //      that block resets them.
-// Cost: two atomics a block (three for a gap claim), each waited for where the schedule
-// waits on its own loads anyway (the rank beside the length reads, the claim beside the
-// chunk and item counts); the reset (16-byte stores, none waited for) in one block.
+// Cost, in thread THREADS - 1: the SM word's atomic (none for an SM id out of range),
+// issued at the block's start and waited for after the first scan; a device-scope fence
+// and the claim's atomic (a second one for a gap claim) before the second scan's barrier,
+// which the other threads reach after the chunk and item counts; the reset (16-byte
+// stores, none waited for) in one block.
 // Measured before this form (H200, 2026-12-04, scripts/sm90_ablation.py --no-placement,
 // scripts/results/h200-2026-12-04-sm90-placement-ab.txt): a second block that waited
 // until E first blocks had claimed (or 2 us) cost the steps of more items than SMs 1-2%
@@ -58,10 +61,14 @@ HIPMLA_DEVICE constexpr int placement_words(int sms) { return PLACEMENT_HEADER +
 
 // Whether this launch hands its items out (block-uniform: the same for every block). Not
 // for a grid too large for the counts, nor for a step of more than E rows: every row is an
-// item at least, and with more items than SMs the order cannot matter -- an SM's two
-// block slots hold the first wave, so no SM gets a third item while another has none, and
-// some SM has two anyway. (On the H200 the protocol cost such steps ~1%: mxfp4 256 x 1k
-// 71.9 -> 72.8 us.)
+// item at least, and with more items than SMs the order cannot matter to a kernel of two
+// blocks an SM (the sm_90 kernel) -- the two block slots hold the first wave, so no SM
+// gets a third item while another has none, and some SM has two anyway. (A kernel of
+// more blocks an SM, such as the portable one, could put three on one SM there; the
+// protocol does not order past first and second blocks either.) On the H200 the protocol
+// cost such steps ~1% (mxfp4 256 x 1k 71.9 -> 72.8 us). Assumed, seen on the H200 only:
+// %smid below the device's SM count (0 .. 131); a partitioned GPU whose ids are not is
+// still right (such blocks are seconds), only not placed.
 HIPMLA_DEVICE bool placement_pays(const MlaDecodeParams& p) {
     const unsigned grid = block_count();
     if (p.placement == nullptr || grid >= PLACEMENT_MAX_GRID) return false;
