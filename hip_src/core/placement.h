@@ -35,7 +35,10 @@
 // issued at the block's start and waited for after the first scan; a device-scope fence
 // and the claim's atomic (a second one for a gap claim) before the second scan's barrier,
 // which the other threads reach after the chunk and item counts; the reset (16-byte
-// stores, none waited for) in one block.
+// stores, none waited for) in one block. On the H200 (a7d4087, the A/B file below): 25-35%
+// off steps of at most one item an SM that the hardware had doubled up (mxfp4 8 x 8k
+// 48.4 -> 34.0 us, 2 x 32k 61.7 -> 41.0), 0-2% on steps of more items than SMs but at
+// most E rows (64 x 8k 125.4 -> 126.4, rag64 185.1 -> 188.8), where it cannot help.
 // Measured before this form (H200, 2026-12-04, scripts/sm90_ablation.py --no-placement,
 // scripts/results/h200-2026-12-04-sm90-placement-ab.txt): a second block that waited
 // until E first blocks had claimed (or 2 us) cost the steps of more items than SMs 1-2%
