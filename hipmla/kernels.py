@@ -31,12 +31,6 @@ from hipmla.reference import D_QK, D_V, HEADS
 BLOCK_THREADS = 256
 #: int32 words of the placement scratch before its per-SM words (hip_src/core/placement.h).
 PLACEMENT_HEADER = 4
-
-
-def placement_words(sms: int) -> int:
-    """int32 words of the placement scratch for ``sms`` SMs (16-byte aligned; the kernel
-    clears them in 16-byte stores): the header, the SM words padded to a multiple of 4."""
-    return PLACEMENT_HEADER + (sms + 3) // 4 * 4
 #: Integer codes of HIPMLA_KV_FORMAT / HIPMLA_Q_PRECISION (hip_src/common/config.h).
 FORMAT_CODES = {"bf16": 0, "fp8": 1, "mxfp4": 2}
 #: Architectures whose fp8 is e4m3fnuz (MI300 family); everything else is OCP e4m3fn.
@@ -63,6 +57,13 @@ FAST_VARIANTS = {
 #: bf16 Q on gfx950 (``python -m hipmla build --report``): ~20% more predicted issue time
 #: than MXFP8 Q at 256 x 8k, both issue-bound there (predictions, not measurements).
 AUTO_Q_PRECISION = "bf16"
+
+
+def placement_words(sms: int) -> int:
+    """int32 words of the placement scratch for ``sms`` SMs (16-byte aligned; the kernel
+    clears them in 16-byte stores): the header, the SM words padded to a multiple of 4."""
+    return PLACEMENT_HEADER + (sms + 3) // 4 * 4
+
 
 _INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"\s*$')
 _PRAGMA_ONCE = re.compile(r"^\s*#\s*pragma\s+once\s*$")

@@ -47,14 +47,8 @@ inline f32x4 load_coherent(const f32x4* p) { return *p; }
 inline f32x2 load_coherent(const f32x2* p) { return *p; }
 inline float load_coherent(const float* p) { return *p; }
 inline int load_relaxed_device(const int* p) { return std::atomic_ref<int>(*const_cast<int*>(p)).load(); }
-inline unsigned long long load_relaxed_device_u64(const unsigned long long* p) {
-    return std::atomic_ref<unsigned long long>(*const_cast<unsigned long long*>(p)).load();
-}
 inline unsigned long long atomic_add_device_u64(unsigned long long* p, unsigned long long v) {
     return std::atomic_ref<unsigned long long>(*p).fetch_add(v);
-}
-inline void atomic_store_device_u64(unsigned long long* p, unsigned long long v) {
-    std::atomic_ref<unsigned long long>(*p).store(v);
 }
 // The launch's blocks, and the "SM" each runs on: host_sm_map[b] if set, else block b on
 // SM b % host_sms (hipmla_host_launch runs the blocks one after another, so there an

@@ -85,14 +85,8 @@ HIPMLA_DEVICE float load_coherent(const float* p) { return *p; }
 HIPMLA_DEVICE int load_relaxed_device(const int* p) {
     return __hip_atomic_load(p, __ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_AGENT);
 }
-HIPMLA_DEVICE unsigned long long load_relaxed_device_u64(const unsigned long long* p) {
-    return __hip_atomic_load(p, __ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_AGENT);
-}
 HIPMLA_DEVICE unsigned long long atomic_add_device_u64(unsigned long long* p, unsigned long long v) {
     return __hip_atomic_fetch_add(p, v, __ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_AGENT);
-}
-HIPMLA_DEVICE void atomic_store_device_u64(unsigned long long* p, unsigned long long v) {
-    __hip_atomic_store(p, v, __ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_AGENT);
 }
 // Blocks of the launch (grid_size_x counts work-items on AMD).
 HIPMLA_DEVICE unsigned block_count() { return __builtin_amdgcn_grid_size_x() / __builtin_amdgcn_workgroup_size_x(); }
@@ -160,15 +154,9 @@ HIPMLA_DEVICE int load_relaxed_device(const int* p) {
     asm volatile("ld.relaxed.gpu.b32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
     return v;
 }
-HIPMLA_DEVICE unsigned long long load_relaxed_device_u64(const unsigned long long* p) {
-    unsigned long long v;
-    asm volatile("ld.relaxed.gpu.b64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
-    return v;
-}
 HIPMLA_DEVICE unsigned long long atomic_add_device_u64(unsigned long long* p, unsigned long long v) {
     return atomicAdd(p, v);
 }
-HIPMLA_DEVICE void atomic_store_device_u64(unsigned long long* p, unsigned long long v) { atomicExch(p, v); }
 HIPMLA_DEVICE unsigned block_count() { return gridDim.x; }
 // The SM a block runs on (%smid: 0 .. 131 on the H200, as scripts/sm90_timeline.py saw).
 HIPMLA_DEVICE int sm_id() {
