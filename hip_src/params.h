@@ -54,4 +54,8 @@ struct MlaDecodeParams {
     int32_t split_max_ranges;        // > 0: most token ranges (items of a row) per sequence; 0: no cap
     int32_t split_long_range;        // ... unless ceil(len / this) is more: ranges this long are worth a slot
     int32_t placement_sms;           // SM words of placement (the device's SM count)
+    int32_t split_lone_items;        // > 0: steps whose split_target chunk is below split_lone_below
+    int32_t split_lone_below;        //      tokens take the split aiming at split_lone_items items
+    int32_t split_lone_max_ranges;   //      (capped at split_lone_max_ranges) when it gives at most that many
+    int32_t pad_;
 };

@@ -28,7 +28,7 @@ claimed: two launches overlapping there could leave them wrong for every later s
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 import numpy as np
 
@@ -41,7 +41,7 @@ from hipmla.formats import KV_FORMATS, KVCache
 from hipmla.paging import PAGE_SIZES, KvLayout, as_layout, check_page_size
 from hipmla.queries import check_causal, check_heads, check_qo_indptr, q_lens
 from hipmla.reference import check_q
-from hipmla.schedule import INT32_MAX, SplitPolicy
+from hipmla.schedule import INT32_MAX, LONE_BELOW_TOKENS, SplitPolicy
 from hipmla.validate import check_choice, check_positive_finite
 
 #: Batch the decoder reserves for when the caller does not say.
@@ -152,7 +152,9 @@ class Decoder:
         self._split = _selftest.trusted_kernel(chosen, self.device, requested=selftest)
         self._fast = self._split if self._split.tile_tokens else None
         self.kernel_symbol = self._split.symbol
-        self.policy = SplitPolicy.for_device(self.device.num_cus)
+        # The lone split only where the placement gives each of its items an SM.
+        self.policy = replace(SplitPolicy.for_device(self.device.num_cus, lone=self._placement),
+                              lone_below_tokens=LONE_BELOW_TOKENS[self.config.kv_format])
         self._split_fn = runtime.load_kernel(self._split, arch)
         self._scratch: runtime.DeviceBuffer | None = None
         self._max_batch = 0

@@ -103,6 +103,10 @@ class DecodeParams(ctypes.Structure):
         ("split_max_ranges", ctypes.c_int32),  # 0: no cap
         ("split_long_range", ctypes.c_int32),
         ("placement_sms", ctypes.c_int32),
+        ("split_lone_items", ctypes.c_int32),  # 0: no lone split
+        ("split_lone_below", ctypes.c_int32),
+        ("split_lone_max_ranges", ctypes.c_int32),
+        ("pad_", ctypes.c_int32),
     ]
 
     def set_split(self, policy) -> None:
@@ -113,6 +117,9 @@ class DecodeParams(ctypes.Structure):
         self.fast_tile = policy.fast_tile
         self.split_max_ranges = policy.max_ranges
         self.split_long_range = policy.long_range_tokens
+        self.split_lone_items = policy.lone_items
+        self.split_lone_below = policy.lone_below_tokens
+        self.split_lone_max_ranges = policy.lone_max_ranges
 
 
 @dataclass(frozen=True)

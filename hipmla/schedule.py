@@ -49,6 +49,29 @@ DEFAULT_MAX_RANGES = 16
 #: long sequence (124 items on 132 SMs) and ran 40% slower than with 52 of 640.
 DEFAULT_LONG_RANGE_TOKENS = 512
 
+#: The lone split: when the usual split's chunk is shorter than this, a split that aims at
+#: one item per CU (``lone_items``) runs instead, if it gives at most that many items.
+#: Short items two to a CU cost more in schedules, prologues and merge slots than the
+#: second block hides; long ones gain from it. Measured on the H200 (sm_90 kernel, L2
+#: flushed, the placement on; scripts/split_policy_sweep.py,
+#: scripts/results/h200-2026-12-04-split-policy-sweep-lone.txt), us with the usual split
+#: against one aiming at one item an SM, mxfp4 / fp8 / bf16: 8x8k (chunk 256) 38.9 / 39.1 /
+#: 50.8 -> 33.9 / 31.6 / 41.4 (with 32 ranges a row; the old 16-range cap gave the same 128
+#: items), 32x1k (128) 24.1 / 25.4 / 32.3 -> 24.0 / 22.9 / 28.0, 64x1k (256) 33.1 / 31.4 /
+#: 43.8 -> 33.0 / 31.2 / 40.8, 16x8k (512) 48.7 / 46.7 / 67.0 -> 50.1 / 45.8 / 61.9, but
+#: 32x8k (1024) 73.6 / 67.6 / 102.9 -> 84.5 / 74.7 / 103.4 and 64x8k (2048) 126.6 / 112.2 /
+#: 174.8 -> 152.5 / 132.0 / 188.3. Ragged batches whose one-a-CU split needs more items
+#: than CUs keep the usual split (long+short 71.2 -> 76.2 us otherwise).
+DEFAULT_LONE_BELOW_TOKENS = 1024
+#: ... per cache format on the sm_90 kernel: MXFP4's is issue-bound, and two blocks an SM
+#: hide more of it, so only its shortest items (chunk 128) go one to an SM: 64x1k (chunk
+#: 256) took 32.7 -> 33.9 us and 16x8k (512) 49.1 -> 50.8 lone, 4x8k 33.2 -> 28.0 and
+#: 32x1k 25.1 -> 24.6 (scripts/results/h200-2026-12-04-split-policy-sweep-lone.txt).
+LONE_BELOW_TOKENS = {"bf16": DEFAULT_LONE_BELOW_TOKENS, "fp8": DEFAULT_LONE_BELOW_TOKENS, "mxfp4": 256}
+#: Most ranges a sequence gets in the lone split: 4 x 8k then fills 128 SMs with ranges of
+#: 256 tokens (32.7 -> 27.5 us mxfp4, 30.2 -> 26.3 fp8, 37.0 -> 31.6 bf16 against 16).
+DEFAULT_LONE_MAX_RANGES = 32
+
 #: heads / 16 of the head counts a decoder may serve.
 HEAD_GROUPS = tuple(h // 16 for h in HEAD_COUNTS)
 
@@ -63,15 +86,20 @@ class SplitPolicy:
     fast_tile: int = 0  # > 0: partial last tiles become items of their own (whole-tile fast kernels)
     max_ranges: int = DEFAULT_MAX_RANGES  # > 0: most token ranges per sequence (longer items instead)
     long_range_tokens: int = DEFAULT_LONG_RANGE_TOKENS  # ... unless they would be this long anyway
+    lone_items: int = 0  # > 0: the lone split (at most one item per CU) may replace short items
+    lone_below_tokens: int = DEFAULT_LONE_BELOW_TOKENS  # ... when the usual chunk is shorter than this
+    lone_max_ranges: int = DEFAULT_LONE_MAX_RANGES  # its max_ranges (0: no cap)
 
     def __post_init__(self):
-        for name in ("target_items", "min_split_tokens", "align_tokens", "long_range_tokens"):
+        for name in ("target_items", "min_split_tokens", "align_tokens", "long_range_tokens", "lone_below_tokens"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or not 1 <= v <= INT32_MAX:
                 raise ValueError(f"{name}: expected an integer in [1, {INT32_MAX}], got {v!r}")
-        v = self.max_ranges
-        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or not 0 <= v <= INT32_MAX:
-            raise ValueError(f"max_ranges: expected an integer in [0, {INT32_MAX}] (0: no cap), got {v!r}")
+        for name, note in (("max_ranges", " (0: no cap)"), ("lone_max_ranges", " (0: no cap)"),
+                           ("lone_items", " (0: no lone split)")):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or not 0 <= v <= INT32_MAX:
+                raise ValueError(f"{name}: expected an integer in [0, {INT32_MAX}]{note}, got {v!r}")
         if self.align_tokens & (self.align_tokens - 1):
             raise ValueError(f"align_tokens: expected a power of two, got {self.align_tokens}")
         f = self.fast_tile
@@ -81,21 +109,28 @@ class SplitPolicy:
             raise ValueError(f"fast_tile: {f} must divide align_tokens ({self.align_tokens})")
 
     @classmethod
-    def for_device(cls, num_cus: int, fast_tile: int = 0,
-                   items_per_cu: int = DEFAULT_ITEMS_PER_CU) -> SplitPolicy:
+    def for_device(cls, num_cus: int, fast_tile: int = 0, items_per_cu: int = DEFAULT_ITEMS_PER_CU,
+                   lone: bool = False) -> SplitPolicy:
+        """``lone``: the lone split (one item per CU for steps of short items) may run; it
+        pays where each of those items gets a CU of its own (the placement on NVIDIA,
+        core/placement.h) and is measured only there."""
         if isinstance(num_cus, bool) or not isinstance(num_cus, (int, np.integer)) or num_cus < 1:
             raise ValueError(f"num_cus: expected an integer >= 1, got {num_cus!r}")
         for name, v, lo in (("fast_tile", fast_tile, 0), ("items_per_cu", items_per_cu, 1)):
             if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < lo:
                 raise ValueError(f"{name}: expected an integer >= {lo}, got {v!r}")
-        return cls(target_items=int(num_cus) * int(items_per_cu), fast_tile=int(fast_tile))
+        if not isinstance(lone, bool):
+            raise TypeError(f"lone: expected a bool, got {type(lone).__name__} {lone!r}")
+        return cls(target_items=int(num_cus) * int(items_per_cu), fast_tile=int(fast_tile),
+                   lone_items=int(num_cus) if lone else 0)
 
     def max_items(self, rows: int) -> int:
         """Most items any step of ``rows`` rows gets (rows = query tokens x heads / 16; the
-        batch size with q_len 1 and 16 heads): the grid and the scratch slots."""
+        batch size with q_len 1 and 16 heads): the grid and the scratch slots. (The lone
+        split runs only with at most ``lone_items`` items.)"""
         if isinstance(rows, bool) or not isinstance(rows, (int, np.integer)) or rows < 1:
             raise ValueError(f"rows: expected an integer >= 1, got {rows!r}")
-        return int(self.target_items + rows * (2 if self.fast_tile else 1))
+        return int(max(self.target_items, self.lone_items) + rows * (2 if self.fast_tile else 1))
 
 
 @dataclass(frozen=True)
@@ -110,6 +145,7 @@ class Schedule:
     slot_stride: np.ndarray
     n_items: np.ndarray
     chunk: int
+    lone: bool = False  # the lone split ran (SplitPolicy.lone_items)
 
     @property
     def size(self) -> int:
@@ -149,10 +185,47 @@ def check_lens(seq_lens, name: str = "seq_lens") -> np.ndarray:
     return lens
 
 
-def split_chunk(total: int, policy: SplitPolicy) -> int:
-    """Longest token range one item gets (core/schedule.h's ``chunk``)."""
-    chunk = max(-(-int(total) // policy.target_items), policy.min_split_tokens)
+def split_chunk(total: int, policy: SplitPolicy, target: int | None = None) -> int:
+    """Longest token range one item gets (core/schedule.h's ``chunk``) when the split aims
+    at ``target`` items (default: the policy's ``target_items``)."""
+    chunk = max(-(-int(total) // (policy.target_items if target is None else target)), policy.min_split_tokens)
     return -(-chunk // policy.align_tokens) * policy.align_tokens
+
+
+#: The lone split is considered only while the batch has fewer rows than this: the device
+#: then counts both splits' items in one 64-bit scan (core/schedule.h), each in 32 bits.
+LONE_MAX_ROWS = 1 << 30
+
+
+def _ranges(lens: np.ndarray, chunk: int, max_ranges: int, policy: SplitPolicy) -> tuple[np.ndarray, np.ndarray]:
+    """Token ranges per sequence (base) and whether a fast kernel's partial last tile adds
+    one more (extra)."""
+    base = np.maximum(-(-lens // chunk), 1)
+    if max_ranges:
+        base = np.minimum(base, np.maximum(max_ranges, -(-lens // policy.long_range_tokens)))
+    if not policy.fast_tile:
+        return base, np.zeros(lens.shape, bool)
+    units = -(-lens // policy.align_tokens)
+    last_begin = units * (base - 1) // base * policy.align_tokens
+    tail = lens % policy.fast_tile
+    return base, (tail > 0) & (lens - last_begin > tail)
+
+
+def split_ranges(lens: np.ndarray, rows: np.ndarray,
+                 policy: SplitPolicy) -> tuple[int, np.ndarray, np.ndarray, bool]:
+    """The split of sequences of ``lens`` kv tokens and ``rows`` rows each: (chunk, base,
+    extra) as ``_ranges``, and whether it is the lone split: it is where the policy has
+    one, the usual chunk is below ``lone_below_tokens`` and the lone split gives at most
+    ``lone_items`` items."""
+    total = int((lens * rows).sum())
+    chunk = split_chunk(total, policy)
+    if policy.lone_items and chunk < policy.lone_below_tokens \
+            and int(rows.sum()) + max(policy.target_items, policy.lone_items) < LONE_MAX_ROWS:
+        lone = split_chunk(total, policy, policy.lone_items)
+        base, extra = _ranges(lens, lone, policy.lone_max_ranges, policy)
+        if int(((base + extra) * rows).sum()) <= policy.lone_items:
+            return lone, base, extra, True
+    return (chunk, *_ranges(lens, chunk, policy.max_ranges, policy), False)
 
 
 def check_head_groups(head_groups) -> int:
@@ -177,14 +250,8 @@ def schedule(seq_lens, policy: SplitPolicy, q_lens=None, head_groups: int = 1) -
             raise ValueError(f"q_lens: expected one count per sequence ({lens.shape[0]}), got shape {nq.shape}")
     align, fast = policy.align_tokens, policy.fast_tile
     rows = nq * groups
-    chunk = split_chunk(int((lens * rows).sum()), policy)
-    base = np.maximum(-(-lens // chunk), 1)
-    if policy.max_ranges:
-        base = np.minimum(base, np.maximum(policy.max_ranges, -(-lens // policy.long_range_tokens)))
+    chunk, base, extra, lone = split_ranges(lens, rows, policy)
     units = -(-lens // align)
-    last_begin = units * (base - 1) // base * align
-    tail = lens % fast if fast else np.zeros_like(lens)
-    extra = (tail > 0) & (lens - last_begin > tail) if fast else np.zeros(lens.shape, bool)
     n = base + extra
     count = n * rows
     first = np.concatenate([[0], np.cumsum(count)[:-1]])
@@ -209,7 +276,7 @@ def schedule(seq_lens, policy: SplitPolicy, q_lens=None, head_groups: int = 1) -
     end = np.minimum(end, np.maximum(sees, 0))
     begin = np.minimum(begin, end)
     return Schedule(seq=seq, row=row, begin=begin, end=end, first_slot=first[seq] + r,
-                    slot_stride=rows[seq], n_items=n[seq], chunk=chunk)
+                    slot_stride=rows[seq], n_items=n[seq], chunk=chunk, lone=lone)
 
 
 def short_sequences(seq_lens, q_lens) -> np.ndarray:

@@ -506,6 +506,25 @@ def test_placement_words_follow_the_counters_on_nvidia(monkeypatch, platform, pl
         assert not launch.placement and launch.placement_sms == 0
 
 
+@pytest.mark.parametrize("platform, placement", [("nvidia", True), ("nvidia", False), ("amd", True)])
+@pytest.mark.parametrize("kv_format", ["bf16", "fp8", "mxfp4"])
+def test_lone_split_runs_where_the_placement_does(monkeypatch, platform, placement, kv_format):
+    # hipmla.schedule's lone split (one item an SM for short items) is measured with the
+    # placement only; its threshold is the format's, and the launch carries it.
+    gpu = fake_runtime(monkeypatch, "sm_90", platform=platform)
+    dec = decode.Decoder(kv_format, 1 / 24, max_batch=4, placement=placement)
+    on = platform == "nvidia" and placement
+    assert dec.policy.lone_items == (NUM_CUS if on else 0)
+    assert dec.policy.lone_below_tokens == {"mxfp4": 256}.get(kv_format, 1024)
+    want = (dec.policy.lone_items, dec.policy.lone_below_tokens, 32)
+    p = dec._params
+    assert (p.split_lone_items, p.split_lone_below, p.split_lone_max_ranges) == want
+    if kv_format == "mxfp4":  # (args() makes an MXFP4 step)
+        dec.run(**args(4))
+        launch = gpu.launches[-1]
+        assert (launch.split_lone_items, launch.split_lone_below, launch.split_lone_max_ranges) == want
+
+
 def test_placement_must_be_a_bool(monkeypatch):
     gpu = fake_runtime(monkeypatch, "sm_90", platform="nvidia")
     with pytest.raises(TypeError, match="^placement: expected a bool, got int 1"):

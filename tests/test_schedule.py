@@ -27,6 +27,10 @@ CLANG = shutil.which("clang++-22")
 def _check_invariants(lens: np.ndarray, policy: SplitPolicy) -> None:
     s = schedule(lens, policy)
     assert s.size <= policy.max_items(lens.shape[0])
+    if s.lone:
+        assert s.size <= policy.lone_items
+        assert split_chunk(int(lens.sum()), policy) < policy.lone_below_tokens
+        policy = dataclasses.replace(policy, max_ranges=policy.lone_max_ranges)  # its cap below
     for b, n in enumerate(lens):
         items = s.items_of(b)
         assert items.size >= 1
@@ -60,6 +64,57 @@ def test_schedule_partitions_every_ragged_batch(fast_tile, max_ranges):
         policy = SplitPolicy.for_device(int(rng.integers(1, 300)), fast_tile=fast_tile)
         _check_invariants(lens, dataclasses.replace(policy, min_split_tokens=int(rng.choice([128, 256])),
                                                     max_ranges=max_ranges))
+
+
+@pytest.mark.parametrize("lone_max_ranges", [0, 32])
+def test_lone_split_partitions_every_ragged_batch(lone_max_ranges):
+    rng = np.random.default_rng(11 + lone_max_ranges)
+    took = 0
+    for _ in range(80):
+        lens = random_seq_lens(rng, max_batch=int(rng.choice([8, 300])), max_len=int(rng.choice([3000, 20000])))
+        policy = SplitPolicy.for_device(int(rng.integers(1, 300)), fast_tile=int(rng.choice([0, 128])), lone=True)
+        policy = dataclasses.replace(policy, lone_max_ranges=lone_max_ranges,
+                                     lone_below_tokens=int(rng.choice([256, 1024, 4096])))
+        _check_invariants(lens, policy)
+        took += schedule(lens, policy).lone
+    assert 10 < took < 70  # both splits ran
+
+
+def test_lone_split_takes_short_items_one_to_a_cu():
+    lone = SplitPolicy.for_device(132, lone=True)
+    usual = SplitPolicy.for_device(132)
+    assert (lone.lone_items, lone.lone_below_tokens, lone.lone_max_ranges) == (132, 1024, 32)
+    assert usual.lone_items == 0
+    # 4 x 8k: the usual split caps a row at 16 ranges (64 items, half the SMs idle); the
+    # lone one aims at 132 items: 256-token chunks, 32 ranges a row.
+    s = schedule([8192] * 4, lone)
+    assert s.lone and s.chunk == 256 and s.size == 128 and set((s.end - s.begin).tolist()) == {256}
+    assert schedule([8192] * 4, usual).size == 64
+    # 8 x 8k: 256 items of 256 tokens with 32 ranges a row, 128 of 512 one to an SM.
+    assert schedule([8192] * 8, lone).size == 128
+    assert schedule([8192] * 8, dataclasses.replace(usual, max_ranges=32)).size == 256
+    # 32 x 1k: 8 ranges of 128 a row (256 items), or 4 of 256.
+    assert schedule([1024] * 32, usual).size == 256 and schedule([1024] * 32, lone).size == 128
+    # Long items keep two to an SM: 32 x 8k's usual chunk is 1024 tokens.
+    assert schedule([8192] * 32, lone).size == schedule([8192] * 32, usual).size == 256
+    # A ragged batch whose lone split needs more items than SMs keeps the usual split:
+    # 4 x 32k + 60 x 500 (usual chunk 640) would get 4 x 26 + 60 = 164 lone items.
+    mix = [32768] * 4 + [500] * 60
+    assert schedule(mix, lone).chunk == schedule(mix, usual).chunk == 640 and not schedule(mix, lone).lone
+    wide = schedule(mix, dataclasses.replace(lone, lone_items=240))  # chunk 768: 4 x 43 + 60 items
+    assert wide.lone and wide.chunk == 768 and wide.size == 232
+    # Both sides of lone_items: 4 x 1k gets 8 lone items of 512 tokens (lone_items 8);
+    # one more sequence makes 9, so the usual split runs (chunk 384: 3 ranges a row).
+    p = SplitPolicy(target_items=16, min_split_tokens=128, lone_items=8, lone_max_ranges=0)
+    s = schedule([1024] * 4, p)
+    assert s.lone and s.chunk == 512 and s.size == 8
+    s = schedule([1024] * 4 + [1], p)
+    assert not s.lone and s.chunk == 384 and s.size == 4 * 3 + 1
+    # max_items bounds the lone split too where lone_items is above target_items: 8k
+    # tokens in ranges of 128, 32 of them (lone_max_ranges), against 4 usual items.
+    big = SplitPolicy(target_items=4, min_split_tokens=128, lone_items=64, lone_below_tokens=4096)
+    s = schedule([8192], big)
+    assert s.lone and s.size == 32 and big.max_items(1) == 65
 
 
 def test_max_ranges_caps_the_slots_of_a_row():
@@ -114,6 +169,9 @@ def test_split_chunk():
     (dict(target_items=4, max_ranges=-1), "max_ranges"),
     (dict(target_items=4, max_ranges=1.5), "max_ranges"),
     (dict(target_items=4, long_range_tokens=0), "long_range_tokens"),
+    (dict(target_items=4, lone_items=-1), "lone_items"),
+    (dict(target_items=4, lone_below_tokens=0), "lone_below_tokens"),
+    (dict(target_items=4, lone_max_ranges=2**31), "lone_max_ranges"),
 ])
 def test_bad_policies_name_themselves(kwargs, name):
     with pytest.raises(ValueError, match=name):
@@ -132,6 +190,9 @@ def test_bad_lengths(lens, err):
 def test_max_items_bounds_the_grid():
     p = SplitPolicy.for_device(8, fast_tile=128)
     assert p.max_items(10) == 16 + 20
+    assert SplitPolicy.for_device(8, items_per_cu=1, lone=True).max_items(3) == 8 + 3
+    with pytest.raises(TypeError, match="lone"):
+        SplitPolicy.for_device(8, lone=1)
     with pytest.raises(ValueError, match="rows"):
         p.max_items(0)
 
@@ -207,6 +268,40 @@ def test_device_schedule_equals_the_host_model(dump, seed):
     s = schedule(lens, policy)
     _assert_items_are(got, s)
     assert (got[s.size:, 0] == -1).all()  # blocks past the batch's items have none
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_device_lone_split_equals_the_host_model(dump, seed):
+    # Batches on both sides of the lone split's two conditions (the usual chunk below
+    # lone_below_tokens; at most lone_items lone items), one of them past a thread's
+    # one sequence (up to 400), paged on odd seeds, with several query tokens and head groups on
+    # seed 2.
+    rng = np.random.default_rng(300 + seed)
+    took = 0
+    for _ in range(6):
+        lens = random_seq_lens(rng, max_batch=400 if seed == 3 else int(rng.choice([4, 8, 40])),
+                               max_len=2000 if seed == 3 else 9000)
+        q_lens = qo = None
+        groups = 1
+        if seed == 2:
+            q_lens = rng.integers(1, 4, size=lens.size)
+            lens = lens + q_lens
+            qo = np.concatenate([[0], np.cumsum(q_lens)])
+            groups = int(rng.choice([1, 2]))
+        layout = random_page_table(lens, 16, rng, spare_pages=3) if seed % 2 else KvLayout.contiguous(lens)
+        policy = SplitPolicy.for_device(int(rng.integers(1, 140)), fast_tile=int(rng.choice([0, 128])), lone=True)
+        policy = dataclasses.replace(policy, lone_below_tokens=int(rng.choice([512, 1024, 8192])),
+                                     lone_max_ranges=int(rng.choice([0, 4, 32])))
+        if seed == 3:  # every sequence is an item: a lone split of up to 400 of them
+            policy = dataclasses.replace(policy, lone_items=int(rng.integers(260, 600)))
+        got = _device_items(dump, layout, policy, qo, groups)
+        s = schedule(lens, policy, q_lens=q_lens, head_groups=groups)
+        _assert_items_are(got, s)
+        assert (got[s.size:, 0] == -1).all()
+        rows = lens.size if q_lens is None else int(q_lens.sum())
+        took += s.lone
+        assert s.size <= policy.max_items(rows * groups)
+    assert 0 < took < 6  # both splits ran
 
 
 @pytest.mark.parametrize("seed", range(3))

@@ -15,6 +15,10 @@
 //            its slots, but ranges of split_long_range tokens are worth theirs), cut on
 //            split_align units as evenly as possible: range k = units [floor(U k / k_s),
 //            floor(U (k+1) / k_s)) with U = ceil(len_s / split_align), clamped to len_s;
+//   lone   split_lone_items > 0 and chunk < split_lone_below: the same with chunk from
+//            split_lone_items (one item per SM) and split_lone_max_ranges, if that gives
+//            at most split_lone_items items (short items run faster one to an SM than two;
+//            measured in hipmla/schedule.py). Both counts go through one scan.
 //   fast_tile > 0: a last range with whole fast tiles and a remainder becomes two ranges
 //            (the whole tiles, then the remainder), so every range is either whole tiles
 //            for the arch's fast kernel or shorter than one tile.
@@ -35,7 +39,8 @@
 // fast kernel (`fast`); the block that runs one sets the error word (report_bad_item) and
 // writes NaN (output, or partial: the merge turns one NaN partial into a NaN output).
 // Sum over s of k_s rows_s <= total / chunk + sum rows_s <= split_target + t_q head_groups
-// (chunk >= total / split_target), plus as much again with fast_tile: max_items() sizes
+// (chunk >= total / split_target; the lone split has at most split_lone_items), plus as
+// much again with fast_tile: max_items() sizes
 // the grid and the scratch. Cost per block: ceil(b / THREADS) length reads per thread and
 // two block scans (one barrier each up to SMALL_SCAN sequences, else three); divisions
 // in 32 bits where the values fit.
@@ -196,6 +201,20 @@ struct SeqSplit {
     }
 };
 
+// The split aiming at `target` items over `total` token-rows: its chunk (rounded up to
+// the alignment, at least split_min_tokens; clamped to 32 bits: a chunk of at least a
+// sequence's length is one item either way) and at most `max_ranges` ranges a sequence.
+HIPMLA_DEVICE SeqSplit seq_split(const MlaDecodeParams& p, long long total, int target, int max_ranges) {
+    long long chunk = div_nonneg(total + target - 1, target);
+    chunk = chunk > p.split_min_tokens ? chunk : p.split_min_tokens;
+    chunk = (chunk + p.split_align - 1) & ~(long long)(p.split_align - 1);  // a power of two: no division
+    return SeqSplit{chunk < 0x7fffffffLL ? chunk : 0x7fffffffLL, p.split_align, p.fast_tile, max_ranges,
+                    p.split_long_range};
+}
+
+// The lone split is tried only for steps of fewer rows than this (hipmla.schedule.LONE_MAX_ROWS).
+constexpr long long LONE_MAX_ROWS = 1LL << 30;
+
 // Records a bad item's ERR_* bits in the error word (one thread; kept out of
 // schedule_item, where the fast kernels would pay registers for an atomic they never need).
 HIPMLA_DEVICE void report_bad_item(const MlaDecodeParams& p, const WorkItem& it) {
@@ -244,24 +263,36 @@ HIPMLA_DEVICE WorkItem schedule_item(const MlaDecodeParams& p, int block, Schedu
         if (last) placement_reset(p);
     }
 
-    long long chunk = 1;  // (no thread without a sequence uses it)
-    if (active) {
-        chunk = div_nonneg(total + p.split_target - 1, p.split_target);
-        chunk = chunk > p.split_min_tokens ? chunk : p.split_min_tokens;
-        chunk = (chunk + p.split_align - 1) / p.split_align * p.split_align;
-    }
-    const SeqSplit split{chunk < 0x7fffffffLL ? chunk : 0x7fffffffLL, p.split_align, p.fast_tile, p.split_max_ranges,
-                         p.split_long_range};
+    // (No thread without a sequence uses the splits: it has no total.)
+    const SeqSplit usual = seq_split(p, total, p.split_target, p.split_max_ranges);
+    // The lone split (hipmla/schedule.py, split_ranges): the usual chunk is short, so the
+    // split aiming at split_lone_items items runs if it gives at most that many. Both
+    // splits' counts go through the second scan in one 64-bit value, 32 bits each: the
+    // row bound keeps each total below 2^31 (at most 2 (target + rows) items).
+    const bool lone_try = active && p.split_lone_items > 0 && usual.chunk < p.split_lone_below &&
+                          (long long)p.q_tokens * groups +
+                                  (p.split_target > p.split_lone_items ? p.split_target : p.split_lone_items) <
+                              LONE_MAX_ROWS;
+    const SeqSplit lone = lone_try ? seq_split(p, total, p.split_lone_items, p.split_lone_max_ranges) : usual;
 
     // The thread's first sequence's item count, kept for the search below (the one
     // sequence of every thread while the batch is at most THREADS).
-    int first_base = 0;
-    long long count = 0;
+    int first_base = 0, first_base_lone = 0;
+    long long count = 0, count_lone = 0;
     for (int s = s0; s < s1; ++s) {
         const int len = s == s0 ? e0.tokens : seq_extent(p, s).tokens;
-        const int base = split.base_items(len);
-        if (s == s0) first_base = base;
-        count += (long long)(base + (split.tail_item(len, base) ? 1 : 0)) * (s == s0 ? q0 : seq_query(p, s)).n * groups;
+        const int rows = (s == s0 ? q0 : seq_query(p, s)).n * groups;
+        const int base = usual.base_items(len);
+        count += (long long)(base + (usual.tail_item(len, base) ? 1 : 0)) * rows;
+        int base_lone = 0;
+        if (lone_try) {
+            base_lone = lone.base_items(len);
+            count_lone += (long long)(base_lone + (lone.tail_item(len, base_lone) ? 1 : 0)) * rows;
+        }
+        if (s == s0) {
+            first_base = base;
+            first_base_lone = base_lone;
+        }
     }
     if (tid == 0) {
         sm.item = WorkItem{-1, -1, 0, 0, -1, -1, 0, -1, 0, 0};
@@ -271,7 +302,17 @@ HIPMLA_DEVICE WorkItem schedule_item(const MlaDecodeParams& p, int block, Schedu
                     (p.qo_indptr[0] != 0 || (p.q_tokens > 0 && p.qo_indptr[p.batch] != p.q_tokens));
     }
     long long n_all = 0;
-    long long first = block_exclusive_scan<THREADS>(count, sm, 1, p.batch, n_all, active);
+    long long first = block_exclusive_scan<THREADS>(lone_try ? count << 32 | count_lone : count, sm, 1, p.batch,
+                                                     n_all, active);
+    bool take_lone = false;
+    if (lone_try) {
+        constexpr long long LOW = 0xffffffffLL;
+        take_lone = (n_all & LOW) <= p.split_lone_items;
+        first = take_lone ? first & LOW : first >> 32;
+        count = take_lone ? count_lone : count;
+        first_base = take_lone ? first_base_lone : first_base;
+    }
+    const SeqSplit split = take_lone ? lone : usual;
     if (placed) block = sm.claimed;
     if (qo_bad) atomic_or_block(&sm.qo_bad, 1);  // after the scan's syncs: thread 0 set it first
     if (block >= first && block < first + count) {
