@@ -304,6 +304,15 @@ def test_device_lone_split_equals_the_host_model(dump, seed):
     assert 0 < took < 6  # both splits ran
 
 
+def test_device_lone_split_of_more_sequences_than_threads(dump):
+    # 300 sequences (threads own two), a lone split of 300 items: each sequence one item.
+    lens = np.random.default_rng(5).integers(1, 129, size=300)
+    policy = SplitPolicy(target_items=600, min_split_tokens=128, lone_items=320)
+    s = schedule(lens, policy)
+    assert s.lone and s.size == 300
+    _assert_items_are(_device_items(dump, KvLayout.contiguous(lens), policy), s)
+
+
 @pytest.mark.parametrize("seed", range(3))
 def test_device_schedule_of_several_query_tokens_and_heads_equals_the_host_model(dump, seed):
     rng = np.random.default_rng(200 + seed)

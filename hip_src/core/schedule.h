@@ -293,7 +293,8 @@ HIPMLA_DEVICE WorkItem schedule_item(const MlaDecodeParams& p, int block, Schedu
     // divisions run beside the usual split's, not after the test that needs the usual
     // chunk: one after the other they cost 4 x 1k ~0.35 us on the H200.
     const SeqSplit lone = seq_split(p, per_lone, p.split_lone_max_ranges);
-    const bool lone_try = active && p.split_lone_items > 0 && usual.chunk < p.split_lone_below &&
+    // (q_tokens > 0: the row bound below trusts it, and the qo_indptr check only runs then.)
+    const bool lone_try = active && p.split_lone_items > 0 && p.q_tokens > 0 && usual.chunk < p.split_lone_below &&
                           (long long)p.q_tokens * groups +
                                   (p.split_target > p.split_lone_items ? p.split_target : p.split_lone_items) <
                               LONE_MAX_ROWS;
