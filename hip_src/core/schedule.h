@@ -158,40 +158,20 @@ HIPMLA_DEVICE long long div_nonneg(long long a, long long b) {
     return a / b;
 }
 
-// ceil(total / a) and ceil(total / b) (1 <= a, b; 0 <= total) in one branch: the usual and
-// the lone split's divisions overlap (one after the other, div_nonneg's branches kept them
-// apart).
-HIPMLA_DEVICE void ceil_div2(long long total, int a, int b, long long& qa, long long& qb) {
-    const long long na = total + a - 1, nb = total + b - 1;
-    if ((((unsigned long long)na | (unsigned long long)nb) >> 32) == 0) {
-        qa = unsigned(na) / unsigned(a);
-        qb = unsigned(nb) / unsigned(b);
-    } else {
-        qa = na / a;
-        qb = nb / b;
-    }
-}
-
 // Items of a sequence of `len` tokens, and the token range of its item k.
 struct SeqSplit {
     long long chunk;
     int align, fast_tile, max_ranges, long_range;
 
-    // ceil(len / long_range): ranges that long are worth their slot past max_ranges. The
-    // same for every split of the step, so the schedule divides once for both.
-    HIPMLA_DEVICE unsigned long_ranges(int len) const {
-        const unsigned step = long_range > 0 ? unsigned(long_range) : 0x7fffffffu;
-        return len > 0 ? (unsigned(len) + step - 1u) / step : 0u;
-    }
-    HIPMLA_DEVICE int base_items(int len) const { return base_items(len, max_ranges > 0 ? long_ranges(len) : 0u); }
-    // longs = long_ranges(len) (unused without max_ranges).
-    HIPMLA_DEVICE int base_items(int len, unsigned longs) const {
+    HIPMLA_DEVICE int base_items(int len) const {
         // 0 <= len and 1 <= chunk <= INT32_MAX (schedule_item clamps it: a chunk of at least
         // len_s is one item either way), so the sum fits 32 bits unsigned: every thread runs
         // this for its sequences, and a 32-bit division is a fraction of a 64-bit one.
         // (len < 0 cannot come from seq_extent; it would be one item here, as before.)
         unsigned n = len > 0 ? (unsigned(len) + unsigned(chunk) - 1u) / unsigned(chunk) : 0u;
         if (max_ranges > 0) {
+            const unsigned step = long_range > 0 ? unsigned(long_range) : 0x7fffffffu;
+            const unsigned longs = len > 0 ? (unsigned(len) + step - 1u) / step : 0u;
             const unsigned cap = longs > unsigned(max_ranges) ? longs : unsigned(max_ranges);
             if (n > cap) n = cap;
         }
@@ -221,11 +201,12 @@ struct SeqSplit {
     }
 };
 
-// The split of `per_item` = ceil(total / target) token-rows an item: its chunk (rounded up
-// to the alignment, at least split_min_tokens; clamped to 32 bits: a chunk of at least a
+// The split aiming at `target` items over `total` token-rows: its chunk (rounded up to
+// the alignment, at least split_min_tokens; clamped to 32 bits: a chunk of at least a
 // sequence's length is one item either way) and at most `max_ranges` ranges a sequence.
-HIPMLA_DEVICE SeqSplit seq_split(const MlaDecodeParams& p, long long per_item, int max_ranges) {
-    long long chunk = per_item > p.split_min_tokens ? per_item : p.split_min_tokens;
+HIPMLA_DEVICE SeqSplit seq_split(const MlaDecodeParams& p, long long total, int target, int max_ranges) {
+    long long chunk = div_nonneg(total + target - 1, target);
+    chunk = chunk > p.split_min_tokens ? chunk : p.split_min_tokens;
     chunk = (chunk + p.split_align - 1) & ~(long long)(p.split_align - 1);  // a power of two: no division
     return SeqSplit{chunk < 0x7fffffffLL ? chunk : 0x7fffffffLL, p.split_align, p.fast_tile, max_ranges,
                     p.split_long_range};
@@ -283,21 +264,17 @@ HIPMLA_DEVICE WorkItem schedule_item(const MlaDecodeParams& p, int block, Schedu
     }
 
     // (No thread without a sequence uses the splits: it has no total.)
-    long long per_usual = 1, per_lone = 1;
-    ceil_div2(total, p.split_target, p.split_lone_items > 0 ? p.split_lone_items : p.split_target, per_usual, per_lone);
-    const SeqSplit usual = seq_split(p, per_usual, p.split_max_ranges);
+    const SeqSplit usual = seq_split(p, total, p.split_target, p.split_max_ranges);
     // The lone split (hipmla/schedule.py, split_ranges): the usual chunk is short, so the
     // split aiming at split_lone_items items runs if it gives at most that many. Both
     // splits' counts go through the second scan in one 64-bit value, 32 bits each: the
-    // row bound keeps each total below 2^31 (at most 2 (target + rows) items). Its
-    // divisions run beside the usual split's, not after the test that needs the usual
-    // chunk: one after the other they cost 4 x 1k ~0.35 us on the H200.
-    const SeqSplit lone = seq_split(p, per_lone, p.split_lone_max_ranges);
+    // row bound keeps each total below 2^31 (at most 2 (target + rows) items).
     // (q_tokens > 0: the row bound below trusts it, and the qo_indptr check only runs then.)
     const bool lone_try = active && p.split_lone_items > 0 && p.q_tokens > 0 && usual.chunk < p.split_lone_below &&
                           (long long)p.q_tokens * groups +
                                   (p.split_target > p.split_lone_items ? p.split_target : p.split_lone_items) <
                               LONE_MAX_ROWS;
+    const SeqSplit lone = lone_try ? seq_split(p, total, p.split_lone_items, p.split_lone_max_ranges) : usual;
 
     // The thread's first sequence's item count, kept for the search below (the one
     // sequence of every thread while the batch is at most THREADS).
@@ -306,16 +283,13 @@ HIPMLA_DEVICE WorkItem schedule_item(const MlaDecodeParams& p, int block, Schedu
     for (int s = s0; s < s1; ++s) {
         const int len = s == s0 ? e0.tokens : seq_extent(p, s).tokens;
         const int rows = (s == s0 ? q0 : seq_query(p, s)).n * groups;
-        const unsigned longs = usual.max_ranges > 0 || (lone_try && lone.max_ranges > 0) ? usual.long_ranges(len) : 0u;
-        int base, base_lone = 0;
-        if (lone_try) {  // both divisions in one branch
-            base = usual.base_items(len, longs);
-            base_lone = lone.base_items(len, longs);
-            count_lone += (long long)(base_lone + (lone.tail_item(len, base_lone) ? 1 : 0)) * rows;
-        } else {
-            base = usual.base_items(len, longs);
-        }
+        const int base = usual.base_items(len);
         count += (long long)(base + (usual.tail_item(len, base) ? 1 : 0)) * rows;
+        int base_lone = 0;
+        if (lone_try) {
+            base_lone = lone.base_items(len);
+            count_lone += (long long)(base_lone + (lone.tail_item(len, base_lone) ? 1 : 0)) * rows;
+        }
         if (s == s0) {
             first_base = base;
             first_base_lone = base_lone;
