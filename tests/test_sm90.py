@@ -131,6 +131,16 @@ for op in rate.OPS:
         _, r = build(source, rate.SYMBOL, ["--offload-arch=sm_90a", "-O3", f"-DRATE_OP={op}", "-DRATE_ALU=2",
                                            f"-DRATE_ALU_KIND={kind}", "-DRATE_ALU2=1", "-DRATE_ALU_KIND2=3"])
         out[f"{rate.SYMBOL} {op} {kind}"] = {**r, "path": ""}
+# scripts/sm90_cluster_probe.cu: the split row's hand-off without, through global memory
+# (core/merge.h) and through a cluster's shared memory, for a portable and the largest cluster.
+spec_ = importlib.util.spec_from_file_location("cluster_probe", REPO + "/scripts/sm90_cluster_probe.py")
+cluster = importlib.util.module_from_spec(spec_)
+spec_.loader.exec_module(cluster)
+source = cluster.probe_source()
+for mode in cluster.MODES:
+    for items in (2, 8, 16):
+        _, r = build(source, cluster.SYMBOL, ["--offload-arch=sm_90", "-O3", *cluster.build_options(mode, items)])
+        out[f"{cluster.SYMBOL} {mode} {items}"] = {**r, "path": ""}
 print(json.dumps(out))
 """
 
@@ -188,6 +198,19 @@ def test_mma_rate_probe_compiles_for_sm_90a(nvrtc_builds):
         r = nvrtc_builds[name]
         assert r["ok"] and r["elf"] and r["has"], f"{name}:\n{r['log']}"
         assert not r["local"], name
+
+
+@needs_nvrtc
+def test_cluster_probe_compiles_for_sm_90(nvrtc_builds):
+    """scripts/sm90_cluster_probe.cu (a split row's hand-off through a thread-block cluster,
+    for the H200) builds in every mode for clusters of 2 to 16 blocks,
+    with the library's merge (core/merge.h) inlined and no local memory."""
+    names = [name for name in nvrtc_builds if name.startswith("hipmla_probe_cluster ")]
+    assert len(names) == len(_script("sm90_cluster_probe").MODES) * 3
+    for name in names:
+        r = nvrtc_builds[name]
+        assert r["ok"] and r["elf"] and r["has"], f"{name}:\n{r['log']}"
+        assert not r["local"], f"{name} spills to local memory"
 
 
 @needs_nvrtc
