@@ -53,11 +53,6 @@ HIPMLA_DEVICE float m_value(int b, int h) { return float((b * 5 + h * 3) % 11) *
 HIPMLA_DEVICE float l_value(int b, int h) { return 1.0f + float((b * 7 + h) % 13) * 0.25f; }
 
 #if PROBE_MODE >= 2
-HIPMLA_DEVICE unsigned cluster_rank() {
-    unsigned r;
-    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
-    return r;
-}
 // Address `local` (a generic pointer into this block's shared memory) in block `rank`'s
 // shared memory of the cluster (PTX ISA "mapa", .shared::cluster).
 HIPMLA_DEVICE unsigned cluster_address(const void* local, unsigned rank) {
@@ -152,6 +147,7 @@ extern "C" __global__ void __launch_bounds__(256, 2)
     Smem& sm = *reinterpret_cast<Smem*>(probe_smem);
     const int tid = int(thread_index());
     const int b = int(block_index());
+    // Clusters of N tile the 1-D grid in order: block b is rank b % N of cluster b / N (mode 2).
     const int row = b / N, k = b % N;
     if (tid == 0) smids[b] = sm_id();
     // The partial as the kernel leaves it after its last tile: acc in shared memory, m, l.

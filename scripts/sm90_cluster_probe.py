@@ -36,13 +36,12 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from hipmla import kernels, runtime  # noqa: E402
+from hipmla.reference import D_V, HEADS  # noqa: E402
 from hipmla.bench import Timer  # noqa: E402
 from hipmla.runtime.launch import Module  # noqa: E402
 
 SYMBOL = "hipmla_probe_cluster"
 MODES = {0: "none", 1: "global", 2: "cluster", 3: "global in clusters"}
-HEADS, D_V = 16, 512
-MXFP4_SHARED = 67840  # hipmla.kernels.sm90_shared_bytes("mxfp4"): two blocks an SM
 
 
 class _Args(ctypes.Structure):
@@ -77,7 +76,7 @@ def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shapes", default="4x8,4x16,16x8,32x4,32x8,64x4", help="rows x items, comma-separated")
     ap.add_argument("--iters", type=int, default=50)
-    ap.add_argument("--shared", type=int, default=MXFP4_SHARED)
+    ap.add_argument("--shared", type=int, default=kernels.sm90_shared_bytes("mxfp4"))
     args = ap.parse_args(argv)
     shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
     info = runtime.device_info()

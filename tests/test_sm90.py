@@ -131,8 +131,8 @@ for op in rate.OPS:
         _, r = build(source, rate.SYMBOL, ["--offload-arch=sm_90a", "-O3", f"-DRATE_OP={op}", "-DRATE_ALU=2",
                                            f"-DRATE_ALU_KIND={kind}", "-DRATE_ALU2=1", "-DRATE_ALU_KIND2=3"])
         out[f"{rate.SYMBOL} {op} {kind}"] = {**r, "path": ""}
-# scripts/sm90_cluster_probe.cu: the split row's hand-off without, through global memory
-# (core/merge.h) and through a cluster's shared memory, for a portable and the largest cluster.
+# scripts/sm90_cluster_probe.cu: every mode of the split row's hand-off (none, core/merge.h's,
+# through a cluster's shared memory, core/merge.h's in clusters) for small, portable and largest clusters.
 spec_ = importlib.util.spec_from_file_location("cluster_probe", REPO + "/scripts/sm90_cluster_probe.py")
 cluster = importlib.util.module_from_spec(spec_)
 spec_.loader.exec_module(cluster)
