@@ -68,7 +68,7 @@ def allow_non_portable(fn) -> str | None:
         cuda = ctypes.CDLL("libcuda.so.1")
     except OSError as e:
         return f"no libcuda: {e}"
-    rc = cuda.cuFuncSetAttribute(ctypes.c_void_p(fn.address()), 14, 1)
+    rc = cuda.cuFuncSetAttribute(ctypes.c_void_p(fn.address), 14, 1)
     return None if rc == 0 else f"cuFuncSetAttribute(NON_PORTABLE_CLUSTER_SIZE_ALLOWED) = {rc}"
 
 
@@ -79,6 +79,10 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--shared", type=int, default=kernels.sm90_shared_bytes("mxfp4"))
     args = ap.parse_args(argv)
     shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
+    for rows, items in shapes:
+        if rows < 1 or not 2 <= items <= 16:
+            ap.error(f"--shapes: {rows}x{items}: expected rows >= 1 and 2 .. 16 items a row "
+                     "(a row of one item hands nothing off)")
     info = runtime.device_info()
     print(f"{info.name}: {info.num_cus} SMs; dynamic shared memory {args.shared} B a block; "
           f"L2 flushed, median of {args.iters}")

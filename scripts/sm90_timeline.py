@@ -38,10 +38,13 @@ from hipmla.schedule import SplitPolicy  # noqa: E402
 
 KERNEL = "decode/split_sm90.hip"
 PHASES = ("start", "schedule", "prologue", "tiles", "stored", "arrived", "end")
-# Inside the schedule (core/schedule.h): after the first scan (the lengths read), the second
-# (the chunk and the item counts), the item search, and at its return (the page check).
-SCHEDULE = ("scan 1", "scan 2", "search", "pages")
-WORDS = 16  # u64 per block record: PHASES, seq, tokens, n_items, last, smid, then SCHEDULE at 12..
+# Inside the schedule (core/schedule.h), as thread 0 passes them: after the first scan (the
+# lengths read), its chunk and item counts done ("counts"), after the second scan (whose
+# barrier waits for the placement claim), its item found ("found"), after the barrier that
+# publishes the item ("search"), and at its return (the page check).
+SCHEDULE = ("scan 1", "counts", "scan 2", "found", "search", "pages")
+SCHED = 12  # the record's first SCHEDULE word
+WORDS = SCHED + len(SCHEDULE)  # u64 per block record: PHASES, seq, tokens, n_items, last, smid, then SCHEDULE
 SLOT_WORDS = 16 * 512 // 2  # u64 per partial slot: block b records into slot grid + b
 
 STAMP = "HIPMLA_STAMP"
@@ -66,22 +69,24 @@ RECORD = """
         rec[9] = (unsigned long long)(long long)%(items)s;
         rec[10] = %(last)s;
         rec[11] = timeline_smid();
-        for (int k = 0; k < 4; ++k) rec[12 + k] = hipmla_sched_stamp[k];
+        for (int k = 0; k < %(stamps)s; ++k) rec[%(sched)s + k] = hipmla_sched_stamp[k];
     }
 """
 SCHEDULE_FILE = "core/schedule.h"
 SCHEDULE_HELPERS = """
-__shared__ unsigned long long hipmla_sched_stamp[4];
+__shared__ unsigned long long hipmla_sched_stamp[6];
 #define HIPMLA_SCHED_STAMP(k) do { if (thread_index() == 0) hipmla_sched_stamp[k] = timer_ns(); } while (0)
 """
 SCHEDULE_EDITS = [
     ("namespace hipmla {\n\nstruct WorkItem {", "namespace hipmla {\n" + SCHEDULE_HELPERS + "\nstruct WorkItem {"),
     ("    block_exclusive_scan<THREADS>(mine, sm, 0, p.batch, total, active);\n",
      "    block_exclusive_scan<THREADS>(mine, sm, 0, p.batch, total, active);\n    HIPMLA_SCHED_STAMP(0);\n"),
-    ("    if (qo_bad) atomic_or_block(&sm.qo_bad, 1);", "    HIPMLA_SCHED_STAMP(1);\n    if (qo_bad) atomic_or_block(&sm.qo_bad, 1);"),
-    ("    block_sync();\n    WorkItem it = sm.item;", "    block_sync();\n    HIPMLA_SCHED_STAMP(2);\n    WorkItem it = sm.item;"),
+    ("    long long n_all = 0;\n", "    HIPMLA_SCHED_STAMP(1);\n    long long n_all = 0;\n"),
+    ("    if (qo_bad) atomic_or_block(&sm.qo_bad, 1);", "    HIPMLA_SCHED_STAMP(2);\n    if (qo_bad) atomic_or_block(&sm.qo_bad, 1);"),
+    ("    block_sync();\n    WorkItem it = sm.item;",
+     "    HIPMLA_SCHED_STAMP(3);\n    block_sync();\n    HIPMLA_SCHED_STAMP(4);\n    WorkItem it = sm.item;"),
     ("    block_sync();  // sm is free for the kernel's own use after this\n",
-     "    block_sync();  // sm is free for the kernel's own use after this\n    HIPMLA_SCHED_STAMP(3);\n"),
+     "    block_sync();  // sm is free for the kernel's own use after this\n    HIPMLA_SCHED_STAMP(5);\n"),
 ]
 # (old, new) on the kernel's source; each old must occur exactly once.
 EDITS = [
@@ -90,7 +95,7 @@ EDITS = [
      "    if (dynamic_smem_size() < sizeof(Smem)) __trap();\n"
      "    unsigned long long hipmla_stamp[7] = {0, 0, 0, 0, 0, 0, 0};\n    HIPMLA_STAMP(0);\n"),
     ("    if (it.seq < 0) return;\n",
-     "    HIPMLA_STAMP(1);\n    if (it.seq < 0) {" + RECORD % dict(seq="-1", tokens="0", items="0", last="0") + "return; }\n"),
+     "    HIPMLA_STAMP(1);\n    if (it.seq < 0) {" + RECORD % dict(seq="-1", tokens="0", items="0", last="0", stamps=len(SCHEDULE), sched=SCHED) + "return; }\n"),
     ("    // x is the partial-score exchange from here on",
      "    HIPMLA_STAMP(2);\n    // x is the partial-score exchange from here on"),
     ("    // ---- the item's state: m, l of head sh; O of heads g, g + 8\n",
@@ -99,7 +104,8 @@ EDITS = [
      "    HIPMLA_STAMP(4);\n    unsigned long long hipmla_last = 0;\n"
      "    if (slot >= 0) merge_split_row<THREADS>(p, done, &sm.last, hipmla_stamp, hipmla_last);\n"
      "    else { HIPMLA_STAMP(5); HIPMLA_STAMP(6); }\n    block_sync();\n"
-     + RECORD % dict(seq="done.seq", tokens="done.end - done.begin", items="done.n_items", last="hipmla_last")),
+     + RECORD % dict(seq="done.seq", tokens="done.end - done.begin", items="done.n_items", last="hipmla_last",
+                    stamps=len(SCHEDULE), sched=SCHED)),
 ]
 # The merge's own stamps (core/merge.h is parsed before the kernel's helpers exist): the
 # block's share known ("arrived"), its merge done ("end"); the record's "merged" word: 0 none,
@@ -160,17 +166,17 @@ def summarize(rec: np.ndarray, event_us: float) -> str:
         lines.append(f"  empty blocks: schedule done at median {np.median(e[:, 1]):.1f} us (max {e[:, 1].max():.1f})")
         # The latest of them, stamp by stamp (us since the launch's first start): where a
         # block without an item spends its time (the placement's wait, a late start).
-        inner = (rec[~work, 12:16].astype(np.int64) - np.int64(t0)) / 1e3
+        inner = (rec[~work, SCHED:WORDS].astype(np.int64) - np.int64(t0)) / 1e3
         for k in np.argsort(e[:, 1])[-4:]:
             lines.append(f"    block {int(np.flatnonzero(~work)[k])} on SM {int(rec[~work][k, 11])}: start {e[k, 0]:.1f}, "
-                         + ", ".join(f"{SCHEDULE[j]} {inner[k, j]:.1f}" for j in range(4)) + f", done {e[k, 1]:.1f}")
+                         + ", ".join(f"{SCHEDULE[j]} {inner[k, j]:.1f}" for j in range(len(SCHEDULE))) + f", done {e[k, 1]:.1f}")
     if work.any():
         w = rel[work]
         steps = np.diff(w[:, :7], axis=1)
         desc = ", ".join(f"{PHASES[k + 1]} +{np.median(steps[:, k]):.2f}" for k in range(6))
         lines.append(f"  blocks with an item, medians (us): start {np.median(w[:, 0]):.1f}; {desc}")
-        inner = (rec[work, 12:16].astype(np.int64) - rec[work, :1].astype(np.int64)) / 1e3
-        marks = ", ".join(f"{SCHEDULE[k]} {np.median(inner[:, k]):.2f}" for k in range(4))
+        inner = (rec[work, SCHED:WORDS].astype(np.int64) - rec[work, :1].astype(np.int64)) / 1e3
+        marks = ", ".join(f"{SCHEDULE[k]} {np.median(inner[:, k]):.2f}" for k in range(len(SCHEDULE)))
         lines.append(f"  inside the schedule, us after the block's start (medians): {marks}")
         lines.append(f"  tokens per item: median {int(np.median(rec[work, 8]))}, items per row {int(np.median(rec[work, 9]))}; "
                      f"latest 'stored' {w[:, 4].max():.1f} us, latest 'arrived' {w[:, 5].max():.1f} us")

@@ -452,7 +452,7 @@ def test_timeline_edits_apply_and_its_summary_reads_the_stamps(tmp_path):
     timeline.edited_tree(kernels.hip_src_dir(), root)
     kernel = (root / timeline.KERNEL).read_text()
     assert kernel.count("HIPMLA_STAMP(") == 1 + 7  # the macro, then stamps 0..6
-    assert (root / timeline.SCHEDULE_FILE).read_text().count("HIPMLA_SCHED_STAMP(") == 1 + 4
+    assert (root / timeline.SCHEDULE_FILE).read_text().count("HIPMLA_SCHED_STAMP(") == 1 + len(timeline.SCHEDULE)
     assert (root / timeline.MERGE_FILE).read_text().count("HIPMLA_MERGE_STAMP(") == 1 + 2
     # Two blocks with an item (the second merges), one empty block; ns since some epoch.
     rec = np.zeros((3, timeline.WORDS), np.uint64)
@@ -462,14 +462,15 @@ def test_timeline_edits_apply_and_its_summary_reads_the_stamps(tmp_path):
     rec[:2, 7], rec[:2, 8], rec[:2, 9], rec[1, 10] = 0, 128, 2, 1
     rec[2, 7] = np.uint64(2**64 - 1)  # seq -1
     rec[2, :2] = [t0 + 50, t0 + 2550]
-    rec[0, 12:16] = [t0 + 1000, t0 + 2000, t0 + 2800, t0 + 3000]  # after each block's own start
-    rec[1, 12:16] = [t0 + 1100, t0 + 2100, t0 + 2900, t0 + 3100]
+    # scan 1, counts, scan 2, found, search, pages: after each block's own start
+    rec[0, timeline.SCHED:] = [t0 + 1000, t0 + 1500, t0 + 2000, t0 + 2300, t0 + 2800, t0 + 3000]
+    rec[1, timeline.SCHED:] = [t0 + 1100, t0 + 1600, t0 + 2100, t0 + 2400, t0 + 2900, t0 + 3100]
     text = timeline.summarize(rec, 20.0)
     assert "blocks 3 (2 with an item, 1 merged)" in text
     assert "schedule +3.00" in text and "tiles +5.00" in text
     assert "merge +4.00" in text and "end 15.1 us" in text
     assert "empty blocks: schedule done at median 2.5 us" in text
-    assert "scan 1 1.00" in text and "pages 3.00" in text
+    assert "scan 1 1.00, counts 1.50, scan 2 2.00, found 2.30, search 2.80, pages 3.00" in text
     # a split row of 2: one block merged a share of it, the other nothing; 0.1 us apart
     assert "split rows: 1 blocks merged a share, 0 a whole row, 1 none" in text and "median 0.10 us" in text
 
