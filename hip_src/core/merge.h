@@ -25,6 +25,18 @@
 // first stores into the stage, a division per element) the merge took 5.2 us at 4 x 1k
 // against 1.9 (mxfp4 4 x 1k 18.0 -> 21.2 us, 4 x 8k 33.6 -> 36.2), and in the same run no
 // finer split won: 32 slots a row made 4 x 8k 36.1 -> 39.8 us, 16 made 4 x 1k 21.2 -> 20.3.
+// Measured and not adopted (H200, 2026-12-05, scripts/sm90_cluster_probe.py, the hand-off
+// alone on rows x items blocks that hold a partial each; scripts/results/
+// h200-2026-12-05-sm90-cluster-probe-10c1155.txt): a row's items as one thread-block
+// cluster, merging from the siblings' shared memory after a cluster barrier, hand off
+// 0.7-1.7 us sooner than this merge (CUDA events, L2 flushed: 4 x 8 items 8.35 -> 6.82 us,
+// 32 x 4 9.31 -> 8.19, 64 x 4 11.17 -> 9.50; same bytes). But a launch is clustered as a
+// whole, and one launch serves every step: the hardware put clusters of 8 on 120-124 of
+// the 132 SMs, so 128 blocks of one an SM ran as two waves on 8 of them (32 x 4, one
+// block an SM: 9.38 us this merge, 9.90 through the cluster, 13.76 this merge in a
+// clustered launch), and 256 blocks paid ~4 us for the clustered launch alone (11.17 ->
+// 15.2-15.4). Short steps would win ~1.5 us where their items fit the clusters, while the
+// lone split's one item an SM (up to 132) and every long step would lose SMs.
 //
 // Counters: two words per row, zero between launches. word 0: arrivals + MERGE_QUIT x
 // quits; word 1 (shared merges only): blocks done with word 0, the n-th of which resets
