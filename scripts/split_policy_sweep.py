@@ -9,7 +9,8 @@ median of --iters) so the trade-off is measured, not guessed.
     python3 scripts/split_policy_sweep.py [--formats mxfp4,fp8] [--shapes 4x1k,4x8k,rag64,...]
         [--policies 2:256,2:128:16,4:128,2:128:16+lone]
         (items_per_cu:min_split_tokens[:max_ranges[:align]], "+lone": the lone split may run,
-        as the decoder's default policy on NVIDIA; "default": the decoder's own policy)
+        as the decoder's default policy on NVIDIA; "default": the decoder's own policy; a
+        trailing "+fitN": N of the fit's candidate chunks, 0: no fit)
 """
 from __future__ import annotations
 
@@ -62,7 +63,8 @@ def main(argv: list[str]) -> int:
     info = runtime.device_info(0)
     timer = Timer(info.l2_bytes)
     print(f"{info.name}: read {read_gbs() or float('nan'):.0f} GB/s; us, L2 flushed, median of {args.iters}; "
-          f"policy = items_per_cu:min_split_tokens[:max_ranges[:align]][+lone] (items, slots per row; L: lone split)")
+          f"policy = items_per_cu:min_split_tokens[:max_ranges[:align]][+lone][+fitN] "
+          "(items, slots per row; L: lone split, F: fitted)")
     print(f"{'kv':>6} {'shape':>7} " + " ".join(f"{pol:>22}" for pol in policies))
     rng = np.random.default_rng(0)
     for fmt in args.formats.split(","):
@@ -72,8 +74,11 @@ def main(argv: list[str]) -> int:
             _, bufs, extra = device_step(kv, layout, rng)
             cells = []
             for text in policies:
+                spec, fit = (text.rsplit("+fit", 1)[0], int(text.rsplit("+fit", 1)[1])) if "+fit" in text else (text, None)
                 dec = Decoder(fmt, BENCH_SM_SCALE, max_batch=1)
-                policy = dec.policy if text == "default" else parse_policy(text, info.num_cus, dec.policy)
+                policy = dec.policy if spec == "default" else parse_policy(spec, info.num_cus, dec.policy)
+                if fit is not None:
+                    policy = dataclasses.replace(policy, fit_steps=fit)
                 # The scratch (reserve) and the launch are sized from dec.policy: set it
                 # first, then grow from one row to b, so the slots follow this policy.
                 dec.policy = policy
@@ -81,7 +86,8 @@ def main(argv: list[str]) -> int:
                 dec.reserve(len(lens))
                 sched = schedule(lens, policy)
                 t = statistics.median(timer.time(lambda: dec.run(**bufs, **extra), args.iters, flush=True))
-                cells.append(f"{t:8.1f} ({sched.size:4d}, {int(sched.n_items.max()):3d}){'L' if sched.lone else ' '}")
+                mark = "L" if sched.lone else "F" if sched.fit else " "
+                cells.append(f"{t:8.1f} ({sched.size:4d}, {int(sched.n_items.max()):3d}){mark}")
                 dec.close()
             print(f"{fmt:>6} {name:>7} " + " ".join(f"{c:>22}" for c in cells), flush=True)
             for a in bufs.values():

@@ -100,7 +100,9 @@ def test_lone_split_takes_short_items_one_to_a_cu():
     # A ragged batch whose lone split needs more items than SMs keeps the usual split:
     # 4 x 32k + 60 x 500 (usual chunk 640) would get 4 x 26 + 60 = 164 lone items.
     mix = [32768] * 4 + [500] * 60
-    assert schedule(mix, lone).chunk == schedule(mix, usual).chunk == 640 and not schedule(mix, lone).lone
+    no_fit = dataclasses.replace(usual, fit_steps=0)
+    assert schedule(mix, dataclasses.replace(lone, fit_steps=0)).chunk == schedule(mix, no_fit).chunk == 640
+    assert not schedule(mix, lone).lone
     wide = schedule(mix, dataclasses.replace(lone, lone_items=240))  # chunk 768: 4 x 43 + 60 items
     assert wide.lone and wide.chunk == 768 and wide.size == 232
     # Both sides of lone_items: 4 x 1k gets 8 lone items of 512 tokens (lone_items 8);
@@ -117,6 +119,45 @@ def test_lone_split_takes_short_items_one_to_a_cu():
     assert s.lone and s.size == 32 and big.max_items(1) == 65
 
 
+def test_fit_takes_the_first_longer_chunk_that_fits_the_target():
+    usual = SplitPolicy.for_device(132)
+    assert usual.fit_steps == 4 and usual.target_items == 264
+    no_fit = dataclasses.replace(usual, fit_steps=0)
+    # 4 x 32k + 60 x 500: chunk 640 gives 4 x 52 + 60 = 268 items, four past the 264 slots
+    # (a second wave of four). Candidate 1, 640 + 80 -> 768 tokens: 4 x 43 + 60 = 232.
+    mix = [32768] * 4 + [500] * 60
+    assert schedule(mix, no_fit).size == 268
+    s = schedule(mix, usual)
+    assert s.fit == 1 and s.chunk == 768 and s.size == 232 and not s.lone
+    _check_invariants(np.array(mix), usual)
+    # 64 x 32k: chunk 8064 cuts each sequence in 5 (320 items); 9088 cuts it in 4 of 8192.
+    s = schedule([32768] * 64, usual)
+    assert schedule([32768] * 64, no_fit).size == 320
+    assert s.fit == 1 and s.size == 256 and set((s.end - s.begin).tolist()) == {8192}
+    # A usual split within the target is left alone: 64 x 8k (256 items), 256 x 1k.
+    for lens in ([8192] * 64, [1024] * 256, [32768] * 4):
+        assert schedule(lens, usual).fit == 0
+        assert schedule(lens, usual).chunk == schedule(lens, no_fit).chunk
+    # No candidate fits (every row is an item at least): the usual split.
+    s = schedule([1000] * 40, SplitPolicy(target_items=16, min_split_tokens=128))
+    assert s.fit == 0 and s.size == 40
+    # A candidate past 1 + 1/8: the first that fits, not the last.
+    lens = np.random.default_rng(3).integers(1, 16385, size=100)
+    s = schedule(lens, usual)
+    fits = [schedule(lens, dataclasses.replace(usual, fit_steps=k)).fit for k in range(5)]
+    assert s.fit >= 1 and fits == [0] + [0] * (s.fit - 1) + [s.fit] * (5 - s.fit)
+    assert s.size <= usual.target_items
+    _check_invariants(lens, usual)
+    # The rows bound: rows + target_items below 2^15 (the device's 16-bit counts). 100
+    # sequences of 41740 tokens (one 46740) at chunk 128 overshoot either target.
+    lens = np.full(100, 41740)
+    lens[0] += 5000
+    for target, fit in ((2**15 - 100, 0), (2**15 - 101, 1)):
+        p = SplitPolicy(target_items=target, min_split_tokens=128, max_ranges=0)
+        assert schedule(lens, dataclasses.replace(p, fit_steps=0)).size == 32739 > target
+        assert schedule(lens, p).fit == fit
+
+
 def test_max_ranges_caps_the_slots_of_a_row():
     # 4 x 8k on 132 CUs with a 128-token floor: 64 ranges a sequence, or 16 longer ones.
     policy = SplitPolicy(target_items=264, min_split_tokens=128, max_ranges=0)
@@ -128,9 +169,11 @@ def test_max_ranges_caps_the_slots_of_a_row():
     # Short sequences keep the finer split: 4 x 1k gets 8 ranges of 128 either way.
     assert np.bincount(schedule([1024] * 4, capped).seq).tolist() == [8] * 4
     # Ranges as long as long_range_tokens (512) anyway are not capped: 4 x 32k + 60 x 500
-    # keeps its 640-token chunk, 52 ranges a long sequence (16 would leave SMs idle).
+    # keeps its 640-token chunk, 52 ranges a long sequence (16 would leave SMs idle); the
+    # fit then takes 768 (43 ranges: 232 items, not 268 on 264 slots).
     mix = [32768] * 4 + [500] * 60
-    assert np.bincount(schedule(mix, capped).seq).tolist() == [52] * 4 + [1] * 60
+    assert np.bincount(schedule(mix, dataclasses.replace(capped, fit_steps=0)).seq).tolist() == [52] * 4 + [1] * 60
+    assert np.bincount(schedule(mix, capped).seq).tolist() == [43] * 4 + [1] * 60
     assert np.bincount(schedule(mix, dataclasses.replace(capped, long_range_tokens=4096)).seq)[:4].tolist() == [16] * 4
 
 
@@ -302,6 +345,35 @@ def test_device_lone_split_equals_the_host_model(dump, seed):
         took += s.lone
         assert s.size <= policy.max_items(rows * groups)
     assert 0 < took < 6  # both splits ran
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_device_fit_equals_the_host_model(dump, seed):
+    # Ragged batches whose usual split overshoots the target (the fit's candidates), on both
+    # sides of the small scan and past a thread's one sequence (seed 3: up to 400), paged on
+    # odd seeds, several query tokens and head groups on seed 2, fast tiles on seed 1.
+    rng = np.random.default_rng(500 + seed)
+    fits = set()
+    for _ in range(8):
+        batch = int(rng.choice([3, 8, 20, 60])) if seed < 3 else int(rng.integers(200, 400))
+        lens = rng.integers(1, 20000, size=batch)
+        q_lens = qo = None
+        groups = 1
+        if seed == 2:
+            q_lens = rng.integers(1, 4, size=lens.size)
+            lens = lens + q_lens
+            qo = np.concatenate([[0], np.cumsum(q_lens)])
+            groups = int(rng.choice([1, 2]))
+        layout = random_page_table(lens, 16, rng, spare_pages=3) if seed % 2 else KvLayout.contiguous(lens)
+        cus = int(rng.integers(1, 140)) if seed < 3 else int(rng.integers(150, 300))  # target above the rows
+        policy = SplitPolicy.for_device(cus, fast_tile=128 if seed == 1 else 0, lone=bool(rng.integers(0, 2)))
+        policy = dataclasses.replace(policy, fit_steps=int(rng.integers(1, 5)))
+        got = _device_items(dump, layout, policy, qo, groups)
+        s = schedule(lens, policy, q_lens=q_lens, head_groups=groups)
+        _assert_items_are(got, s)
+        assert (got[s.size:, 0] == -1).all()
+        fits.add(s.fit)
+    assert 0 in fits and len(fits) > 1  # fitted and left alone
 
 
 def test_device_lone_split_of_more_sequences_than_threads(dump):
