@@ -57,6 +57,6 @@ struct MlaDecodeParams {
     int32_t split_lone_items;        // > 0: steps whose split_target chunk is below split_lone_below
     int32_t split_lone_below;        //      tokens take the split aiming at split_lone_items items
     int32_t split_lone_max_ranges;   //      (capped at split_lone_max_ranges) when it gives at most that many
-    int32_t split_fit_steps;         // > 0: a usual split of more than split_target items takes the first
-                                     //      of split_fit_steps longer chunks that gives at most that many
+    int32_t split_fit;               // 1: a usual split of more than split_target items takes the first of
+                                     //      two longer chunks that gives at most that many (core/schedule.h)
 };

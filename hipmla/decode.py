@@ -152,8 +152,10 @@ class Decoder:
         self._split = _selftest.trusted_kernel(chosen, self.device, requested=selftest)
         self._fast = self._split if self._split.tile_tokens else None
         self.kernel_symbol = self._split.symbol
-        # The lone split only where the placement gives each of its items an SM.
-        self.policy = replace(SplitPolicy.for_device(self.device.num_cus, lone=self._placement),
+        # The lone split only where the placement gives each of its items an SM; the fit only
+        # where the kernels build it (NVIDIA: core/schedule.h).
+        self.policy = replace(SplitPolicy.for_device(self.device.num_cus, lone=self._placement,
+                                                     fit=self.device.platform == "nvidia"),
                               lone_below_tokens=LONE_BELOW_TOKENS[self.config.kv_format])
         self._split_fn = runtime.load_kernel(self._split, arch)
         self._scratch: runtime.DeviceBuffer | None = None

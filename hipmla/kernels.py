@@ -106,7 +106,7 @@ class DecodeParams(ctypes.Structure):
         ("split_lone_items", ctypes.c_int32),  # 0: no lone split
         ("split_lone_below", ctypes.c_int32),
         ("split_lone_max_ranges", ctypes.c_int32),
-        ("split_fit_steps", ctypes.c_int32),  # 0: no fit
+        ("split_fit", ctypes.c_int32),  # 0: no fit
     ]
 
     def set_split(self, policy) -> None:
@@ -120,7 +120,7 @@ class DecodeParams(ctypes.Structure):
         self.split_lone_items = policy.lone_items
         self.split_lone_below = policy.lone_below_tokens
         self.split_lone_max_ranges = policy.lone_max_ranges
-        self.split_fit_steps = policy.fit_steps
+        self.split_fit = int(policy.fit)
 
 
 @dataclass(frozen=True)

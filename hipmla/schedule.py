@@ -74,19 +74,17 @@ DEFAULT_LONE_MAX_RANGES = 32
 
 #: The fit: a usual split of more items than ``target_items`` (every sequence's last range
 #: rounds up, so a ragged batch gets up to one item a row more than the split aims for)
-#: runs as a partial second wave on the slots the first one frees: a step takes about two
+#: runs as a partial second wave on the slots the first one frees: the step takes about two
 #: items' time instead of one. It takes instead the first of the chunks ``fit_chunk(chunk,
-#: j)``, j = 1 .. fit_steps (up to 1 + fit_steps / FIT_DENOM times as long), that gives at
-#: most target_items items; none: the usual split. Predicted from a makespan model (items
-#: in block order on target_items slots, each 150 tokens' time of overhead; 400 random
-#: batches of 4-400 sequences: 120 faster by 2-44%, 3 slower by up to 12%, those whose
-#: extra items were short), not yet measured.
-FIT_DENOM = 8
-#: Candidates the device counts in one 64-bit scan, 16 bits each.
-FIT_MAX_STEPS = 4
-DEFAULT_FIT_STEPS = 4
-#: ... only while rows + target_items is below this: every candidate's item count (at most
-#: 2 (target_items + rows)) then fits its 16 bits.
+#: k)`` -- chunk + chunk e / 8 for e in FIT_EIGHTHS, rounded up -- that gives at most
+#: target_items items; none: the usual split. Predicted from a makespan model (items in
+#: block order on target_items slots, 150 tokens' time of overhead each; 400 random batches
+#: of 4-400 sequences: 118 faster by 2-44%, 4 slower by up to 13%, whose extra items were
+#: short), not measured when it was written. Only where ``fit`` is set: the sm_90 and
+#: portable kernels on NVIDIA build it, the AMD ones do not (core/schedule.h: SGPRs).
+FIT_EIGHTHS = (1, 4)
+#: ... only while rows + max(target_items, lone_items) is below this: the device counts the
+#: usual, lone and both fit splits in one 64-bit scan, 16 bits each.
 FIT_MAX_ROWS = 1 << 15
 
 #: heads / 16 of the head counts a decoder may serve.
@@ -106,7 +104,7 @@ class SplitPolicy:
     lone_items: int = 0  # > 0: the lone split (at most one item per CU) may replace short items
     lone_below_tokens: int = DEFAULT_LONE_BELOW_TOKENS  # ... when the usual chunk is shorter than this
     lone_max_ranges: int = DEFAULT_LONE_MAX_RANGES  # its max_ranges (0: no cap)
-    fit_steps: int = DEFAULT_FIT_STEPS  # the fit's candidate chunks (0: no fit)
+    fit: bool = False  # the fit may run (NVIDIA builds only)
 
     def __post_init__(self):
         for name in ("target_items", "min_split_tokens", "align_tokens", "long_range_tokens", "lone_below_tokens"):
@@ -118,9 +116,8 @@ class SplitPolicy:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or not 0 <= v <= INT32_MAX:
                 raise ValueError(f"{name}: expected an integer in [0, {INT32_MAX}]{note}, got {v!r}")
-        v = self.fit_steps
-        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or not 0 <= v <= FIT_MAX_STEPS:
-            raise ValueError(f"fit_steps: expected an integer in [0, {FIT_MAX_STEPS}] (0: no fit), got {v!r}")
+        if not isinstance(self.fit, bool):
+            raise TypeError(f"fit: expected a bool, got {type(self.fit).__name__} {self.fit!r}")
         if self.align_tokens & (self.align_tokens - 1):
             raise ValueError(f"align_tokens: expected a power of two, got {self.align_tokens}")
         f = self.fast_tile
@@ -131,19 +128,21 @@ class SplitPolicy:
 
     @classmethod
     def for_device(cls, num_cus: int, fast_tile: int = 0, items_per_cu: int = DEFAULT_ITEMS_PER_CU,
-                   lone: bool = False) -> SplitPolicy:
+                   lone: bool = False, fit: bool = False) -> SplitPolicy:
         """``lone``: the lone split (one item per CU for steps of short items) may run; it
         pays where each of those items gets a CU of its own (the placement on NVIDIA,
-        core/placement.h) and is measured only there."""
+        core/placement.h) and is measured only there. ``fit``: the fit may run (FIT_EIGHTHS;
+        the NVIDIA builds only)."""
         if isinstance(num_cus, bool) or not isinstance(num_cus, (int, np.integer)) or num_cus < 1:
             raise ValueError(f"num_cus: expected an integer >= 1, got {num_cus!r}")
         for name, v, lo in (("fast_tile", fast_tile, 0), ("items_per_cu", items_per_cu, 1)):
             if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < lo:
                 raise ValueError(f"{name}: expected an integer >= {lo}, got {v!r}")
-        if not isinstance(lone, bool):
-            raise TypeError(f"lone: expected a bool, got {type(lone).__name__} {lone!r}")
+        for name, v in (("lone", lone), ("fit", fit)):
+            if not isinstance(v, bool):
+                raise TypeError(f"{name}: expected a bool, got {type(v).__name__} {v!r}")
         return cls(target_items=int(num_cus) * int(items_per_cu), fast_tile=int(fast_tile),
-                   lone_items=int(num_cus) if lone else 0)
+                   lone_items=int(num_cus) if lone else 0, fit=fit)
 
     def max_items(self, rows: int) -> int:
         """Most items any step of ``rows`` rows gets (rows = query tokens x heads / 16; the
@@ -167,7 +166,7 @@ class Schedule:
     n_items: np.ndarray
     chunk: int
     lone: bool = False  # the lone split ran (SplitPolicy.lone_items)
-    fit: int = 0  # > 0: the fit's candidate j ran (SplitPolicy.fit_steps)
+    fit: int = 0  # > 0: the fit's chunk k - 1 ran (FIT_EIGHTHS)
 
     @property
     def size(self) -> int:
@@ -233,10 +232,10 @@ def _ranges(lens: np.ndarray, chunk: int, max_ranges: int, policy: SplitPolicy) 
     return base, (tail > 0) & (lens - last_begin > tail)
 
 
-def fit_chunk(chunk: int, j: int, align: int) -> int:
-    """The fit's candidate j for a usual chunk (core/schedule.h's, bit for bit): chunk + floor(chunk
-    j / FIT_DENOM), rounded up to ``align``, at most 2^31 - 1."""
-    c = int(chunk) + int(chunk) * int(j) // FIT_DENOM
+def fit_chunk(chunk: int, k: int, align: int) -> int:
+    """The fit's chunk k (0, 1) for a usual chunk (core/schedule.h's, bit for bit): chunk +
+    floor(chunk FIT_EIGHTHS[k] / 8), rounded up to ``align``, at most 2^31 - 1."""
+    c = int(chunk) + int(chunk) * FIT_EIGHTHS[k] // 8
     return min(-(-c // align) * align, INT32_MAX)
 
 
@@ -245,7 +244,7 @@ def split_ranges(lens: np.ndarray, rows: np.ndarray,
     """The split of sequences of ``lens`` kv tokens and ``rows`` rows each: (chunk, base,
     extra) as ``_ranges``, whether it is the lone split -- it is where the policy has one,
     the usual chunk is below ``lone_below_tokens`` and the lone split gives at most
-    ``lone_items`` items -- and the fit's candidate (0: none; see FIT_DENOM)."""
+    ``lone_items`` items -- and the fit's chunk taken (1, 2; 0: none; see FIT_EIGHTHS)."""
     total = int((lens * rows).sum())
     chunk = split_chunk(total, policy)
     if policy.lone_items and chunk < policy.lone_below_tokens \
@@ -255,13 +254,13 @@ def split_ranges(lens: np.ndarray, rows: np.ndarray,
         if int(((base + extra) * rows).sum()) <= policy.lone_items:
             return lone, base, extra, True, 0
     base, extra = _ranges(lens, chunk, policy.max_ranges, policy)
-    if policy.fit_steps and int(((base + extra) * rows).sum()) > policy.target_items \
-            and int(rows.sum()) + policy.target_items < FIT_MAX_ROWS:
-        for j in range(1, policy.fit_steps + 1):
-            c = fit_chunk(chunk, j, policy.align_tokens)
+    if policy.fit and int(((base + extra) * rows).sum()) > policy.target_items \
+            and int(rows.sum()) + max(policy.target_items, policy.lone_items) < FIT_MAX_ROWS:
+        for k in range(len(FIT_EIGHTHS)):
+            c = fit_chunk(chunk, k, policy.align_tokens)
             b, e = _ranges(lens, c, policy.max_ranges, policy)
             if int(((b + e) * rows).sum()) <= policy.target_items:
-                return c, b, e, False, j
+                return c, b, e, False, k + 1
     return chunk, base, extra, False, 0
 
 

@@ -10,7 +10,7 @@ median of --iters) so the trade-off is measured, not guessed.
         [--policies 2:256,2:128:16,4:128,2:128:16+lone]
         (items_per_cu:min_split_tokens[:max_ranges[:align]], "+lone": the lone split may run,
         as the decoder's default policy on NVIDIA; "default": the decoder's own policy; a
-        trailing "+fitN": N of the fit's candidate chunks, 0: no fit)
+        trailing "+fit1" / "+fit0": the fit on / off, hipmla.schedule.FIT_EIGHTHS)
 """
 from __future__ import annotations
 
@@ -63,7 +63,7 @@ def main(argv: list[str]) -> int:
     info = runtime.device_info(0)
     timer = Timer(info.l2_bytes)
     print(f"{info.name}: read {read_gbs() or float('nan'):.0f} GB/s; us, L2 flushed, median of {args.iters}; "
-          f"policy = items_per_cu:min_split_tokens[:max_ranges[:align]][+lone][+fitN] "
+          f"policy = items_per_cu:min_split_tokens[:max_ranges[:align]][+lone][+fit0|1] "
           "(items, slots per row; L: lone split, F: fitted)")
     print(f"{'kv':>6} {'shape':>7} " + " ".join(f"{pol:>22}" for pol in policies))
     rng = np.random.default_rng(0)
@@ -78,7 +78,7 @@ def main(argv: list[str]) -> int:
                 dec = Decoder(fmt, BENCH_SM_SCALE, max_batch=1)
                 policy = dec.policy if spec == "default" else parse_policy(spec, info.num_cus, dec.policy)
                 if fit is not None:
-                    policy = dataclasses.replace(policy, fit_steps=fit)
+                    policy = dataclasses.replace(policy, fit=bool(fit))
                 # The scratch (reserve) and the launch are sized from dec.policy: set it
                 # first, then grow from one row to b, so the slots follow this policy.
                 dec.policy = policy

@@ -19,7 +19,7 @@ from host_harness import HOST_PRELUDE, SCHEDULE_DUMP
 from hipmla.inputs import random_seq_lens
 from hipmla.kernels import DecodeParams, translation_unit
 from hipmla.paging import KvLayout, random_page_table
-from hipmla.schedule import SplitPolicy, check_lens, schedule, split_chunk
+from hipmla.schedule import SplitPolicy, check_lens, fit_chunk, schedule, split_chunk
 
 CLANG = shutil.which("clang++-22")
 
@@ -100,9 +100,7 @@ def test_lone_split_takes_short_items_one_to_a_cu():
     # A ragged batch whose lone split needs more items than SMs keeps the usual split:
     # 4 x 32k + 60 x 500 (usual chunk 640) would get 4 x 26 + 60 = 164 lone items.
     mix = [32768] * 4 + [500] * 60
-    no_fit = dataclasses.replace(usual, fit_steps=0)
-    assert schedule(mix, dataclasses.replace(lone, fit_steps=0)).chunk == schedule(mix, no_fit).chunk == 640
-    assert not schedule(mix, lone).lone
+    assert schedule(mix, lone).chunk == schedule(mix, usual).chunk == 640 and not schedule(mix, lone).lone
     wide = schedule(mix, dataclasses.replace(lone, lone_items=240))  # chunk 768: 4 x 43 + 60 items
     assert wide.lone and wide.chunk == 768 and wide.size == 232
     # Both sides of lone_items: 4 x 1k gets 8 lone items of 512 tokens (lone_items 8);
@@ -120,42 +118,43 @@ def test_lone_split_takes_short_items_one_to_a_cu():
 
 
 def test_fit_takes_the_first_longer_chunk_that_fits_the_target():
-    usual = SplitPolicy.for_device(132)
-    assert usual.fit_steps == 4 and usual.target_items == 264
-    no_fit = dataclasses.replace(usual, fit_steps=0)
+    usual = SplitPolicy.for_device(132, fit=True)
+    assert usual.fit and usual.target_items == 264 and not SplitPolicy.for_device(132).fit
+    no_fit = dataclasses.replace(usual, fit=False)
     # 4 x 32k + 60 x 500: chunk 640 gives 4 x 52 + 60 = 268 items, four past the 264 slots
-    # (a second wave of four). Candidate 1, 640 + 80 -> 768 tokens: 4 x 43 + 60 = 232.
+    # (a second wave of four). Chunk 640 + 80 = 720 -> 768 tokens: 4 x 43 + 60 = 232.
     mix = [32768] * 4 + [500] * 60
     assert schedule(mix, no_fit).size == 268
     s = schedule(mix, usual)
     assert s.fit == 1 and s.chunk == 768 and s.size == 232 and not s.lone
     _check_invariants(np.array(mix), usual)
-    # 64 x 32k: chunk 8064 cuts each sequence in 5 (320 items); 9088 cuts it in 4 of 8192.
+    # 64 x 32k: chunk 8064 cuts each sequence in 5 (320 items); 9072 -> 9088 cuts it in 4.
     s = schedule([32768] * 64, usual)
     assert schedule([32768] * 64, no_fit).size == 320
     assert s.fit == 1 and s.size == 256 and set((s.end - s.begin).tolist()) == {8192}
+    # The second chunk (1 + 4/8) where the first does not fit.
+    lens = np.random.default_rng(1).integers(1, 16385, size=146)
+    s = schedule(lens, usual)
+    assert s.fit == 2 and s.size <= 264 < schedule(lens, no_fit).size
+    assert s.chunk == fit_chunk(schedule(lens, no_fit).chunk, 1, 128)
+    _check_invariants(lens, usual)
     # A usual split within the target is left alone: 64 x 8k (256 items), 256 x 1k.
     for lens in ([8192] * 64, [1024] * 256, [32768] * 4):
         assert schedule(lens, usual).fit == 0
         assert schedule(lens, usual).chunk == schedule(lens, no_fit).chunk
-    # No candidate fits (every row is an item at least): the usual split.
-    s = schedule([1000] * 40, SplitPolicy(target_items=16, min_split_tokens=128))
+    # No chunk fits (every row is an item at least): the usual split.
+    s = schedule([1000] * 40, SplitPolicy(target_items=16, min_split_tokens=128, fit=True))
     assert s.fit == 0 and s.size == 40
-    # A candidate past 1 + 1/8: the first that fits, not the last.
-    lens = np.random.default_rng(3).integers(1, 16385, size=100)
-    s = schedule(lens, usual)
-    fits = [schedule(lens, dataclasses.replace(usual, fit_steps=k)).fit for k in range(5)]
-    assert s.fit >= 1 and fits == [0] + [0] * (s.fit - 1) + [s.fit] * (5 - s.fit)
-    assert s.size <= usual.target_items
-    _check_invariants(lens, usual)
     # The rows bound: rows + target_items below 2^15 (the device's 16-bit counts). 100
     # sequences of 41740 tokens (one 46740) at chunk 128 overshoot either target.
     lens = np.full(100, 41740)
     lens[0] += 5000
     for target, fit in ((2**15 - 100, 0), (2**15 - 101, 1)):
-        p = SplitPolicy(target_items=target, min_split_tokens=128, max_ranges=0)
-        assert schedule(lens, dataclasses.replace(p, fit_steps=0)).size == 32739 > target
+        p = SplitPolicy(target_items=target, min_split_tokens=128, max_ranges=0, fit=True)
+        assert schedule(lens, dataclasses.replace(p, fit=False)).size == 32739 > target
         assert schedule(lens, p).fit == fit
+    with pytest.raises(TypeError, match="fit"):
+        SplitPolicy(target_items=4, fit=1)
 
 
 def test_max_ranges_caps_the_slots_of_a_row():
@@ -172,8 +171,8 @@ def test_max_ranges_caps_the_slots_of_a_row():
     # keeps its 640-token chunk, 52 ranges a long sequence (16 would leave SMs idle); the
     # fit then takes 768 (43 ranges: 232 items, not 268 on 264 slots).
     mix = [32768] * 4 + [500] * 60
-    assert np.bincount(schedule(mix, dataclasses.replace(capped, fit_steps=0)).seq).tolist() == [52] * 4 + [1] * 60
-    assert np.bincount(schedule(mix, capped).seq).tolist() == [43] * 4 + [1] * 60
+    assert np.bincount(schedule(mix, capped).seq).tolist() == [52] * 4 + [1] * 60
+    assert np.bincount(schedule(mix, dataclasses.replace(capped, fit=True)).seq).tolist() == [43] * 4 + [1] * 60
     assert np.bincount(schedule(mix, dataclasses.replace(capped, long_range_tokens=4096)).seq)[:4].tolist() == [16] * 4
 
 
@@ -367,7 +366,7 @@ def test_device_fit_equals_the_host_model(dump, seed):
         layout = random_page_table(lens, 16, rng, spare_pages=3) if seed % 2 else KvLayout.contiguous(lens)
         cus = int(rng.integers(1, 140)) if seed < 3 else int(rng.integers(150, 300))  # target above the rows
         policy = SplitPolicy.for_device(cus, fast_tile=128 if seed == 1 else 0, lone=bool(rng.integers(0, 2)))
-        policy = dataclasses.replace(policy, fit_steps=int(rng.integers(1, 5)))
+        policy = dataclasses.replace(policy, fit=True)
         got = _device_items(dump, layout, policy, qo, groups)
         s = schedule(lens, policy, q_lens=q_lens, head_groups=groups)
         _assert_items_are(got, s)

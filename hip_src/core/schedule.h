@@ -80,10 +80,9 @@ struct ScheduleSmem {
     int qo_bad;
 };
 
-// Exclusive prefix sum over the block of one value per thread; `total` gets the sum, in
-// every thread (so that what follows from it is block-uniform). `set` (0, 1) picks the
-// small scan's entries: consecutive scans take different sets. Only `active` threads
-// (those with sequences) give a value and get their prefix; the others give 0.
+// Exclusive prefix sum over the block of one value per thread; `total` gets the sum.
+// `set` (0, 1) is the schedule's first or second scan. Only `active` threads (those with
+// sequences) get the sum and their prefix; the others get 0 and only meet the barriers.
 // Every block runs the schedule before its first load, all blocks at once: on the H200
 // (4 x 1k, 2 blocks of 8 warps an SM) it took ~3.7 us while every warp ran all of it,
 // though a batch of 4 gives one warp any work; 3.0 since. Its barriers wait for the
@@ -112,14 +111,16 @@ HIPMLA_DEVICE long long block_exclusive_scan(long long v, ScheduleSmem<THREADS>&
         long long* scan = sm.scan + set * SMALL_SCAN;
         if (active) scan[tid] = v;
         block_sync();
+        if (active) {
 #pragma unroll
-        for (int j = 0; j < SMALL_SCAN; ++j) {
-            const long long x = j < batch ? scan[j] : 0;
-            all += x;
-            before += j < tid ? x : 0;
+            for (int j = 0; j < SMALL_SCAN; ++j) {
+                const long long x = j < batch ? scan[j] : 0;
+                all += x;
+                before += j < tid ? x : 0;
+            }
         }
         total = all;
-        return active ? before : 0;
+        return before;
     }
     sm.scan[tid] = v;
     block_sync();
@@ -130,12 +131,12 @@ HIPMLA_DEVICE long long block_exclusive_scan(long long v, ScheduleSmem<THREADS>&
     }
     block_sync();
     const int group = tid / SCAN_GROUP;
-    for (int k = 0; k < GROUPS; ++k) {
-        const long long sum = sm.group_sum[k];
-        all += sum;
-        before += k < group ? sum : 0;
-    }
     if (active) {
+        for (int k = 0; k < GROUPS; ++k) {
+            const long long sum = sm.group_sum[k];
+            all += sum;
+            before += k < group ? sum : 0;
+        }
         // A fixed trip count, so the SCAN_GROUP loads issue together (the loop to tid was a
         // chain of dependent shared-memory round trips, up to 15 of them).
 #pragma unroll
@@ -146,7 +147,7 @@ HIPMLA_DEVICE long long block_exclusive_scan(long long v, ScheduleSmem<THREADS>&
     }
     total = all;
     block_sync();  // sm is free for the next scan
-    return active ? before : 0;
+    return before;
 }
 
 // a / b for 0 <= a and 1 <= b, in 32 bits whenever both fit: a 64-bit division is a
@@ -213,18 +214,31 @@ HIPMLA_DEVICE SeqSplit seq_split(const MlaDecodeParams& p, long long total, int 
 
 // The lone split is tried only for steps of fewer rows than this (hipmla.schedule.LONE_MAX_ROWS).
 constexpr long long LONE_MAX_ROWS = 1LL << 30;
-// The fit (hipmla.schedule.FIT_DENOM): candidate j of a usual chunk is chunk + chunk j /
-// FIT_DENOM, rounded up to the alignment; up to FIT_MAX_STEPS of them are counted in one
-// scan, 16 bits each, for steps of fewer than FIT_MAX_ROWS rows + split_target.
-constexpr int FIT_DENOM = 8;
-constexpr int FIT_MAX_STEPS = 4;
+// The fit (hipmla.schedule.FIT_EIGHTHS): a usual split of more than split_target items
+// takes the first of the chunks usual + usual e / 8 (e in FIT_EIGHTHS, rounded up to the
+// alignment) that gives at most split_target. The second scan then counts the usual,
+// lone and both fit splits in 16 bits each, which they fit below FIT_MAX_ROWS rows +
+// max(split_target, split_lone_items).
+// Built for NVIDIA and the CPU harness only: in the gfx950 / gfx942 builds, whose schedules
+// already hold 104-106 SGPRs, it spilled 4-14 of them (tests/test_aot.py's budget is 0), so
+// there p.split_fit is ignored and the decoder leaves it 0 (hipmla.schedule.SplitPolicy.fit).
+// FIT_EIGHTHS = {1, 4} (a function: nvcc keeps a constexpr array out of device code).
+HIPMLA_DEVICE constexpr int fit_eighths(int k) { return k == 0 ? 1 : 4; }
 constexpr long long FIT_MAX_ROWS = 1LL << 15;
+#if defined(__CUDACC__) || defined(HIPMLA_HOST_PLATFORM)
+constexpr bool FIT_BUILT = true;
+#else
+constexpr bool FIT_BUILT = false;
+#endif
 
-HIPMLA_DEVICE SeqSplit fit_split(const MlaDecodeParams& p, const SeqSplit& usual, int j) {
-    long long c = usual.chunk + usual.chunk * j / FIT_DENOM;
+HIPMLA_DEVICE SeqSplit fit_split(const MlaDecodeParams& p, const SeqSplit& usual, int k) {
+    long long c = usual.chunk + usual.chunk * fit_eighths(k) / 8;
     c = (c + p.split_align - 1) & ~(long long)(p.split_align - 1);
     return SeqSplit{c < 0x7fffffffLL ? c : 0x7fffffffLL, usual.align, usual.fast_tile, usual.max_ranges, usual.long_range};
 }
+
+// Field k (16 bits) of the fit's packed counts: 0 fit 2, 1 fit 1, 2 lone, 3 usual.
+HIPMLA_DEVICE long long fit_field(long long x, int k) { return (x >> (16 * k)) & 0xffff; }
 
 // Records a bad item's ERR_* bits in the error word (one thread; kept out of
 // schedule_item, where the fast kernels would pay registers for an atomic they never need).
@@ -274,24 +288,28 @@ HIPMLA_DEVICE WorkItem schedule_item(const MlaDecodeParams& p, int block, Schedu
         if (last) placement_reset(p);
     }
 
-    // (Every thread has the total, so what depends on it alone is block-uniform.)
+    // (No thread without a sequence uses the splits: it has no total.)
     const SeqSplit usual = seq_split(p, total, p.split_target, p.split_max_ranges);
     // The lone split (hipmla/schedule.py, split_ranges): the usual chunk is short, so the
     // split aiming at split_lone_items items runs if it gives at most that many. Both
     // splits' counts go through the second scan in one 64-bit value, 32 bits each: the
     // row bound keeps each total below 2^31 (at most 2 (target + rows) items).
     // (q_tokens > 0: the row bound below trusts it, and the qo_indptr check only runs then.)
-    const bool lone_step = p.split_lone_items > 0 && p.q_tokens > 0 && usual.chunk < p.split_lone_below &&
-                           (long long)p.q_tokens * groups +
-                                   (p.split_target > p.split_lone_items ? p.split_target : p.split_lone_items) <
-                               LONE_MAX_ROWS;  // block-uniform
-    const bool lone_try = active && lone_step;
+    const bool lone_try = active && p.split_lone_items > 0 && p.q_tokens > 0 && usual.chunk < p.split_lone_below &&
+                          (long long)p.q_tokens * groups +
+                                  (p.split_target > p.split_lone_items ? p.split_target : p.split_lone_items) <
+                              LONE_MAX_ROWS;
     const SeqSplit lone = lone_try ? seq_split(p, total, p.split_lone_items, p.split_lone_max_ranges) : usual;
+    // The fit's counts ride along in the same scan (16 bits each) where every count fits.
+    const long long fit_rows = (long long)(p.qo_indptr != nullptr ? p.q_tokens : p.batch) * groups;
+    const bool fit_try = FIT_BUILT && active && p.split_fit != 0 &&
+                         fit_rows + (p.split_target > p.split_lone_items ? p.split_target : p.split_lone_items) <
+                             FIT_MAX_ROWS;
 
     // The thread's first sequence's item count, kept for the search below (the one
     // sequence of every thread while the batch is at most THREADS).
     int first_base = 0, first_base_lone = 0;
-    long long count = 0, count_lone = 0;
+    long long count = 0, count_lone = 0, count_fit0 = 0, count_fit1 = 0;
     for (int s = s0; s < s1; ++s) {
         const int len = s == s0 ? e0.tokens : seq_extent(p, s).tokens;
         const int rows = (s == s0 ? q0 : seq_query(p, s)).n * groups;
@@ -301,6 +319,12 @@ HIPMLA_DEVICE WorkItem schedule_item(const MlaDecodeParams& p, int block, Schedu
         if (lone_try) {
             base_lone = lone.base_items(len);
             count_lone += (long long)(base_lone + (lone.tail_item(len, base_lone) ? 1 : 0)) * rows;
+        }
+        if (fit_try) {
+            const SeqSplit f0 = fit_split(p, usual, 0), f1 = fit_split(p, usual, 1);
+            const int b0 = f0.base_items(len), b1 = f1.base_items(len);
+            count_fit0 += (long long)(b0 + (f0.tail_item(len, b0) ? 1 : 0)) * rows;
+            count_fit1 += (long long)(b1 + (f1.tail_item(len, b1) ? 1 : 0)) * rows;
         }
         if (s == s0) {
             first_base = base;
@@ -315,47 +339,27 @@ HIPMLA_DEVICE WorkItem schedule_item(const MlaDecodeParams& p, int block, Schedu
                     (p.qo_indptr[0] != 0 || (p.q_tokens > 0 && p.qo_indptr[p.batch] != p.q_tokens));
     }
     long long n_all = 0;
-    long long first = block_exclusive_scan<THREADS>(lone_try ? count << 32 | count_lone : count, sm, 1, p.batch,
-                                                     n_all, active);
-    constexpr long long LOW = 0xffffffffLL;
-    const bool take_lone = lone_step && (n_all & LOW) <= p.split_lone_items;  // block-uniform
-    if (lone_try) {
+    const long long packed = fit_try ? count << 48 | count_lone << 32 | count_fit0 << 16 | count_fit1
+                             : lone_try ? count << 32 | count_lone
+                                        : count;
+    long long first = block_exclusive_scan<THREADS>(packed, sm, 1, p.batch, n_all, active);
+    bool take_lone = false;
+    int fit = 0;  // the fit's chunk taken: 1 or 2 (FIT_EIGHTHS[fit - 1]); 0 none
+    if (fit_try) {
+        take_lone = lone_try && fit_field(n_all, 2) <= p.split_lone_items;
+        if (!take_lone && fit_field(n_all, 3) > p.split_target)
+            fit = fit_field(n_all, 1) <= p.split_target ? 1 : fit_field(n_all, 0) <= p.split_target ? 2 : 0;
+        first = fit_field(first, take_lone ? 2 : fit ? 2 - fit : 3);
+        count = take_lone ? count_lone : fit == 1 ? count_fit0 : fit == 2 ? count_fit1 : count;
+    } else if (lone_try) {
+        constexpr long long LOW = 0xffffffffLL;
+        take_lone = (n_all & LOW) <= p.split_lone_items;
         first = take_lone ? first & LOW : first >> 32;
         count = take_lone ? count_lone : count;
-        first_base = take_lone ? first_base_lone : first_base;
     }
-    SeqSplit split = take_lone ? lone : usual;
-    // The fit (hipmla/schedule.py, FIT_DENOM): a usual split of more items than split_target
-    // takes the first longer chunk that gives at most that many. Only such steps pay for it:
-    // the candidates' item counts (a division each a sequence) and one more scan, whose
-    // 16-bit fields give every candidate's prefix and total at once. Block-uniform.
-    const long long usual_all = lone_step ? n_all >> 32 : n_all;
-    if (!take_lone && p.split_fit_steps > 0 && usual_all > p.split_target &&
-        (long long)p.q_tokens * groups + p.split_target < FIT_MAX_ROWS) {
-        const int steps = p.split_fit_steps < FIT_MAX_STEPS ? p.split_fit_steps : FIT_MAX_STEPS;
-        long long packed = 0;
-        for (int s = s0; s < s1; ++s) {
-            const int len = s == s0 ? e0.tokens : seq_extent(p, s).tokens;
-            const int rows = (s == s0 ? q0 : seq_query(p, s)).n * groups;
-            for (int j = 1; j <= steps; ++j) {
-                const SeqSplit f = fit_split(p, usual, j);
-                const int base = f.base_items(len);
-                packed += (long long)(base + (f.tail_item(len, base) ? 1 : 0)) * rows << (16 * (j - 1));
-            }
-        }
-        long long fit_all = 0;
-        const long long fit_first = block_exclusive_scan<THREADS>(packed, sm, 0, p.batch, fit_all, active);
-        for (int j = 1; j <= steps; ++j) {
-            const int shift = 16 * (j - 1);
-            if (((fit_all >> shift) & 0xffff) <= p.split_target) {
-                split = fit_split(p, usual, j);
-                first = (fit_first >> shift) & 0xffff;
-                count = (packed >> shift) & 0xffff;
-                first_base = active ? split.base_items(e0.tokens) : 0;
-                break;
-            }
-        }
-    }
+    first_base = take_lone ? first_base_lone : first_base;
+    const SeqSplit split = take_lone ? lone : fit ? fit_split(p, usual, fit - 1) : usual;
+    if (fit) first_base = split.base_items(e0.tokens);
     if (placed) block = sm.claimed;
     if (qo_bad) atomic_or_block(&sm.qo_bad, 1);  // after the scan's syncs: thread 0 set it first
     if (block >= first && block < first + count) {
