@@ -312,6 +312,15 @@ def test_device_schedule_equals_the_host_model(dump, seed):
     assert (got[s.size:, 0] == -1).all()  # blocks past the batch's items have none
 
 
+def _queries(rng, lens: np.ndarray, several: bool):
+    """(lens, q_lens, qo_indptr, head groups): one query token of 16 heads each, or (several)
+    1-3 query tokens a sequence, its kv grown by them, and 1 or 2 head groups."""
+    if not several:
+        return lens, None, None, 1
+    q_lens = rng.integers(1, 4, size=lens.size)
+    return lens + q_lens, q_lens, np.concatenate([[0], np.cumsum(q_lens)]), int(rng.choice([1, 2]))
+
+
 @pytest.mark.parametrize("seed", range(4))
 def test_device_lone_split_equals_the_host_model(dump, seed):
     # Batches on both sides of the lone split's two conditions (the usual chunk below
@@ -323,13 +332,7 @@ def test_device_lone_split_equals_the_host_model(dump, seed):
     for _ in range(6):
         lens = random_seq_lens(rng, max_batch=400 if seed == 3 else int(rng.choice([4, 8, 40])),
                                max_len=2000 if seed == 3 else 9000)
-        q_lens = qo = None
-        groups = 1
-        if seed == 2:
-            q_lens = rng.integers(1, 4, size=lens.size)
-            lens = lens + q_lens
-            qo = np.concatenate([[0], np.cumsum(q_lens)])
-            groups = int(rng.choice([1, 2]))
+        lens, q_lens, qo, groups = _queries(rng, lens, several=seed == 2)
         layout = random_page_table(lens, 16, rng, spare_pages=3) if seed % 2 else KvLayout.contiguous(lens)
         policy = SplitPolicy.for_device(int(rng.integers(1, 140)), fast_tile=int(rng.choice([0, 128])), lone=True)
         policy = dataclasses.replace(policy, lone_below_tokens=int(rng.choice([512, 1024, 8192])),
@@ -356,13 +359,7 @@ def test_device_fit_equals_the_host_model(dump, seed):
     for _ in range(8):
         batch = int(rng.choice([3, 8, 20, 60])) if seed < 3 else int(rng.integers(200, 400))
         lens = rng.integers(1, 20000, size=batch)
-        q_lens = qo = None
-        groups = 1
-        if seed == 2:
-            q_lens = rng.integers(1, 4, size=lens.size)
-            lens = lens + q_lens
-            qo = np.concatenate([[0], np.cumsum(q_lens)])
-            groups = int(rng.choice([1, 2]))
+        lens, q_lens, qo, groups = _queries(rng, lens, several=seed == 2)
         layout = random_page_table(lens, 16, rng, spare_pages=3) if seed % 2 else KvLayout.contiguous(lens)
         cus = int(rng.integers(1, 140)) if seed < 3 else int(rng.integers(150, 300))  # target above the rows
         policy = SplitPolicy.for_device(cus, fast_tile=128 if seed == 1 else 0, lone=bool(rng.integers(0, 2)))
