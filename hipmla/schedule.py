@@ -80,8 +80,10 @@ DEFAULT_LONE_MAX_RANGES = 32
 #: target_items items; none: the usual split. Predicted from a makespan model (items in
 #: block order on target_items slots, 150 tokens' time of overhead each; 400 random batches
 #: of 4-400 sequences: 118 faster by 2-44%, 4 slower by up to 13%, whose extra items were
-#: short), not measured when it was written. Only where ``fit`` is set: the sm_90 and
-#: portable kernels on NVIDIA build it, the AMD ones do not (core/schedule.h: SGPRs).
+#: short), not measured when it was written; it also adds two item counts to every step's
+#: schedule where it is on. So the decoder leaves it off until the H200 has measured both
+#: (scripts/split_policy_sweep.py --policies default,default+fit1). Only the NVIDIA builds
+#: (sm_90 and portable kernels) have it; the AMD ones ignore it (core/schedule.h: SGPRs).
 FIT_EIGHTHS = (1, 4)
 #: ... only while rows + max(target_items, lone_items) is below this: the device counts the
 #: usual, lone and both fit splits in one 64-bit scan, 16 bits each.

@@ -74,11 +74,11 @@ def main(argv: list[str]) -> int:
             _, bufs, extra = device_step(kv, layout, rng)
             cells = []
             for text in policies:
-                spec, fit = (text.rsplit("+fit", 1)[0], int(text.rsplit("+fit", 1)[1])) if "+fit" in text else (text, None)
+                spec, marked, fit = text.partition("+fit")
                 dec = Decoder(fmt, BENCH_SM_SCALE, max_batch=1)
                 policy = dec.policy if spec == "default" else parse_policy(spec, info.num_cus, dec.policy)
-                if fit is not None:
-                    policy = dataclasses.replace(policy, fit=bool(fit))
+                if marked:
+                    policy = dataclasses.replace(policy, fit=fit == "1")
                 # The scratch (reserve) and the launch are sized from dec.policy: set it
                 # first, then grow from one row to b, so the slots follow this policy.
                 dec.policy = policy

@@ -532,6 +532,24 @@ def test_placement_must_be_a_bool(monkeypatch):
     assert gpu.calls["alloc"] == 0
 
 
+@pytest.mark.parametrize("platform", ["nvidia", "amd"])
+def test_the_fit_is_asked_for_and_nvidia_only(monkeypatch, platform):
+    # Off by default (unmeasured); where asked, the launch carries it; the AMD kernels do
+    # not build it, so asking there is an error, not a host model the device disagrees with.
+    gpu = fake_runtime(monkeypatch, "sm_90", platform=platform)
+    assert decode.Decoder("mxfp4", 1 / 24, max_batch=4).policy.fit is False
+    with pytest.raises(TypeError, match="^fit: expected a bool, got int 1"):
+        decode.Decoder("mxfp4", 1 / 24, fit=1)
+    if platform == "amd":
+        with pytest.raises(ValueError, match="^fit: only the NVIDIA kernels"):
+            decode.Decoder("mxfp4", 1 / 24, fit=True)
+        return
+    dec = decode.Decoder("mxfp4", 1 / 24, max_batch=4, fit=True)
+    assert dec.policy.fit is True and dec._params.split_fit == 1
+    dec.run(**args(4))
+    assert gpu.launches[-1].split_fit == 1
+
+
 def test_reserve_sizes_the_scratch_once_and_grows_only(monkeypatch):
     gpu, dec = make(monkeypatch, max_batch=4)
     assert dec.max_batch == 4 and gpu.calls["alloc"] == 1

@@ -177,6 +177,53 @@ def test_paged_ragged_batches(decoders, kv_format, group):
         check(dec, out, lse_p, q, pool, layout, spread_sample(lens), what)
 
 
+def fit_cases() -> dict[str, np.ndarray]:
+    from hipmla.bench import ragged_mixes
+
+    return {"rag64": ragged_mixes()["rag64"], "long+short": ragged_mixes()["long+short"],
+            "40x5000+short": np.array([5000] * 40 + [3, 0, 17, 129])}
+
+
+@pytest.mark.parametrize("case", list(fit_cases()))
+@pytest.mark.parametrize("kv_format", KV_FORMATS)
+def test_the_fit_matches_its_emulator(kv_format, case):
+    """Decoder(fit=True) on ragged batches whose usual split gives more items than slots
+    (so the fit's longer chunk runs: the host schedule says so), on a paged cache: the
+    device's schedule must be the host model's, bit for bit, or the merged splits differ
+    from the emulator's."""
+    from hipmla import runtime
+    from hipmla.schedule import schedule
+
+    dec = decode.Decoder(kv_format, SM_SCALE, fit=True)
+    try:
+        lens = fit_cases()[case]
+        b = lens.shape[0]
+        assert schedule(lens, dec.policy).fit > 0, f"{case}: the fit does not run on this device"
+        dec.reserve(b)
+        rng = np.random.default_rng([11, b])
+        layout = random_page_table(lens, 16, rng, spare_pages=5, shared=0)
+        pool = random_cache((int(layout.kv_indices.max(initial=0)) + 1) * 16, kv_format, rng,
+                            fp8_variant=dec.fp8_variant)
+        q = rng.standard_normal((b, 16, 576), dtype=np.float32).astype(ml_dtypes.bfloat16)
+        host = {"q": q.view(np.uint16), "kv": pool.data, "kv_indptr": layout.kv_indptr,
+                "kv_indices": layout.kv_indices, "kv_last_page_len": layout.kv_last_page_len}
+        if pool.scales is not None:
+            host["kv_scale"] = pool.scales
+        dev = {k: runtime.DeviceArray.from_host(np.ascontiguousarray(v)) for k, v in host.items()}
+        d_out = runtime.DeviceArray((b, 16, 512), np.uint16)
+        d_lse = runtime.DeviceArray((b, 16), np.float32)
+        runtime.memset(d_out.ptr, 0xFF, d_out.nbytes)
+        runtime.memset(d_lse.ptr, 0xFF, d_lse.nbytes)
+        dec.run(out=d_out, lse=d_lse, page_size=16, fp8_scale=pool.fp8_scale if kv_format == "fp8" else None, **dev)
+        out, lse = d_out.to_host().view(ml_dtypes.bfloat16), d_lse.to_host()
+        for a in list(dev.values()) + [d_out, d_lse]:
+            a.free()
+        assert np.isfinite(out.astype(np.float32)).all(), f"{case}: unwritten or non-finite output"
+        check(dec, out, lse, q, pool, layout, spread_sample(lens), f"{kv_format} {case} with the fit")
+    finally:
+        dec.close()
+
+
 # ----------------------------------------------------------------------------- serving
 
 

@@ -70,6 +70,10 @@ HIPMLA_DEVICE SeqQuery seq_query(const MlaDecodeParams& p, int seq) {
 
 // h_q / 16; a struct that never set it (0) means 16 heads.
 HIPMLA_DEVICE int head_groups(const MlaDecodeParams& p) { return p.head_groups > 1 ? p.head_groups : 1; }
+// Rows of the step (16 heads of one query token each): q_tokens x groups with qo_indptr, else batch x groups.
+HIPMLA_DEVICE long long step_rows(const MlaDecodeParams& p) {
+    return (long long)(p.qo_indptr != nullptr ? p.q_tokens : p.batch) * head_groups(p);
+}
 
 HIPMLA_DEVICE bool page_in_cache(const MlaDecodeParams& p, int page) {
     return page >= 0 && (p.kv_rows <= 0 || page < (p.kv_rows >> p.page_shift));

@@ -75,7 +75,7 @@ HIPMLA_DEVICE constexpr int placement_words(int sms) { return PLACEMENT_HEADER +
 HIPMLA_DEVICE bool placement_pays(const MlaDecodeParams& p) {
     const unsigned grid = block_count();
     if (p.placement == nullptr || grid >= PLACEMENT_MAX_GRID) return false;
-    const long long rows = (long long)(p.qo_indptr != nullptr ? p.q_tokens : p.batch) * head_groups(p);
+    const long long rows = step_rows(p);
     return rows <= (long long)(unsigned(p.placement_sms) < grid ? unsigned(p.placement_sms) : grid);
 }
 

@@ -295,16 +295,12 @@ HIPMLA_DEVICE WorkItem schedule_item(const MlaDecodeParams& p, int block, Schedu
     // splits' counts go through the second scan in one 64-bit value, 32 bits each: the
     // row bound keeps each total below 2^31 (at most 2 (target + rows) items).
     // (q_tokens > 0: the row bound below trusts it, and the qo_indptr check only runs then.)
+    const int most_items = p.split_target > p.split_lone_items ? p.split_target : p.split_lone_items;
     const bool lone_try = active && p.split_lone_items > 0 && p.q_tokens > 0 && usual.chunk < p.split_lone_below &&
-                          (long long)p.q_tokens * groups +
-                                  (p.split_target > p.split_lone_items ? p.split_target : p.split_lone_items) <
-                              LONE_MAX_ROWS;
+                          (long long)p.q_tokens * groups + most_items < LONE_MAX_ROWS;
     const SeqSplit lone = lone_try ? seq_split(p, total, p.split_lone_items, p.split_lone_max_ranges) : usual;
     // The fit's counts ride along in the same scan (16 bits each) where every count fits.
-    const long long fit_rows = (long long)(p.qo_indptr != nullptr ? p.q_tokens : p.batch) * groups;
-    const bool fit_try = FIT_BUILT && active && p.split_fit != 0 &&
-                         fit_rows + (p.split_target > p.split_lone_items ? p.split_target : p.split_lone_items) <
-                             FIT_MAX_ROWS;
+    const bool fit_try = FIT_BUILT && active && p.split_fit != 0 && step_rows(p) + most_items < FIT_MAX_ROWS;
 
     // The thread's first sequence's item count, kept for the search below (the one
     // sequence of every thread while the batch is at most THREADS).
