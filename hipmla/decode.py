@@ -117,13 +117,13 @@ class Decoder:
     ``placement``: on NVIDIA, the first block to reach each SM takes the first work
     items (``hip_src/core/placement.h``); False gives item i to block i, as on AMD.
     ``fit``: a step whose usual split gives more items than slots takes a longer chunk
-    (``hipmla.schedule.FIT_EIGHTHS``); NVIDIA kernels only, off by default."""
+    (``hipmla.schedule.FIT_EIGHTHS``); NVIDIA kernels only (None: on there, off on AMD)."""
 
     def __init__(self, kv_format: str, sm_scale: float, *, q_precision: str = "auto",
                  heads: int = kernels.HEADS, device: int = 0, stream=None,
                  max_batch: int = DEFAULT_MAX_BATCH, max_q_tokens: int | None = None,
                  selftest: bool | None = None, kernel: kernels.KernelSpec | None = None,
-                 placement: bool = True, fit: bool = False):
+                 placement: bool = True, fit: bool | None = None):
         check_choice(kv_format, "kv_format", KV_FORMATS)
         if isinstance(device, bool) or not isinstance(device, (int, np.integer)):
             raise TypeError(f"device: expected a device index (int), got {type(device).__name__} {device!r}")
@@ -136,10 +136,12 @@ class Decoder:
         check_stream(stream)
         if not isinstance(placement, bool):
             raise TypeError(f"placement: expected a bool, got {type(placement).__name__} {placement!r}")
-        if not isinstance(fit, bool):
+        if fit is not None and not isinstance(fit, bool):
             raise TypeError(f"fit: expected a bool, got {type(fit).__name__} {fit!r}")
         self.device = runtime.device_info(device)
-        if fit and self.device.platform != "nvidia":
+        if fit is None:
+            fit = self.device.platform == "nvidia"
+        elif fit and self.device.platform != "nvidia":
             raise ValueError(f"fit: only the NVIDIA kernels build the fit (core/schedule.h), "
                              f"this device is {self.device.platform} {self.device.arch}")
         self._placement = placement and self.device.platform == "nvidia"
@@ -160,7 +162,7 @@ class Decoder:
         self._fast = self._split if self._split.tile_tokens else None
         self.kernel_symbol = self._split.symbol
         # The lone split only where the placement gives each of its items an SM; the fit
-        # only where asked (off by default until measured: hipmla/schedule.py, FIT_EIGHTHS).
+        # where the kernels build it (NVIDIA), measured in hipmla/schedule.py, FIT_EIGHTHS.
         self.policy = replace(SplitPolicy.for_device(self.device.num_cus, lone=self._placement, fit=fit),
                               lone_below_tokens=LONE_BELOW_TOKENS[self.config.kv_format])
         self._split_fn = runtime.load_kernel(self._split, arch)

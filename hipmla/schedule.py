@@ -80,10 +80,10 @@ DEFAULT_LONE_MAX_RANGES = 32
 #: target_items items; none: the usual split. Predicted from a makespan model (items in
 #: block order on target_items slots, 150 tokens' time of overhead each; 400 random batches
 #: of 4-400 sequences: 118 faster by 2-44%, 4 slower by up to 13%, whose extra items were
-#: short), not measured when it was written; it also adds two item counts to every step's
-#: schedule where it is on. So the decoder leaves it off until the H200 has measured both
-#: (scripts/split_policy_sweep.py --policies default,default+fit1). Only the NVIDIA builds
-#: (sm_90 and portable kernels) have it; the AMD ones ignore it (core/schedule.h: SGPRs).
+#: short). Measured (H100, 2026-12-05, README "The fit"): rag64 -26% (MXFP4), 64x32k -22%,
+#: long+short -2..+2%; steps it does not fit pay 0.4-0.6 us for its two item counts. The
+#: decoder sets it on NVIDIA; only the NVIDIA builds (sm_90 and portable kernels) have it,
+#: the AMD ones do not (core/schedule.h: SGPRs).
 FIT_EIGHTHS = (1, 4)
 #: ... only while rows + max(target_items, lone_items) is below this: the device counts the
 #: usual, lone and both fit splits in one 64-bit scan, 16 bits each.

@@ -534,10 +534,11 @@ def test_placement_must_be_a_bool(monkeypatch):
 
 @pytest.mark.parametrize("platform", ["nvidia", "amd"])
 def test_the_fit_is_asked_for_and_nvidia_only(monkeypatch, platform):
-    # Off by default (unmeasured); where asked, the launch carries it; the AMD kernels do
-    # not build it, so asking there is an error, not a host model the device disagrees with.
+    # On by default on NVIDIA, off on AMD, whose kernels do not build it: asking there is an
+    # error, not a host model the device disagrees with. The launch carries it.
     gpu = fake_runtime(monkeypatch, "sm_90", platform=platform)
-    assert decode.Decoder("mxfp4", 1 / 24, max_batch=4).policy.fit is False
+    assert decode.Decoder("mxfp4", 1 / 24, max_batch=4).policy.fit is (platform == "nvidia")
+    assert decode.Decoder("mxfp4", 1 / 24, max_batch=4, fit=False).policy.fit is False
     with pytest.raises(TypeError, match="^fit: expected a bool, got int 1"):
         decode.Decoder("mxfp4", 1 / 24, fit=1)
     if platform == "amd":
