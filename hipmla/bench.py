@@ -40,8 +40,26 @@ from hipmla.inputs import BENCH_SM_SCALE, benchmark_shapes, random_cache
 from hipmla.paging import KvLayout, random_page_table, scatter
 from hipmla.schedule import schedule
 
-#: Datasheet peak HBM bandwidth, GB/s (MI355X, MI300X, H200 SXM).
-PEAK_GBS = {"gfx950": 8000.0, "gfx942": 5300.0, "sm_90": 4800.0}
+#: Datasheet peak HBM bandwidth, GB/s, by a part of the device's name: one arch spans
+#: parts of different memories (sm_90: the H100 SXM's 3.35 TB/s HBM3, the H200's 4.8 TB/s
+#: HBM3e; gfx942: MI300X 5.3, MI325X 6.0), so the arch alone does not say it.
+PEAK_GBS = (("MI355X", 8000.0), ("MI350X", 8000.0), ("MI325X", 6000.0), ("MI300X", 5300.0),
+            ("H200", 4800.0), ("H100 NVL", 3900.0), ("H100 PCIe", 2000.0), ("H100", 3350.0))
+#: ... by arch, for a name that says no part (ROCm may report a marketing name or none).
+PEAK_GBS_BY_ARCH = {"gfx950": 8000.0, "gfx942": 5300.0}
+
+
+def datasheet_peak_gbs(name: str, arch: str, device_gbs: float) -> tuple[float, str]:
+    """The peak HBM bandwidth to quote for the device, and where it comes from: the
+    datasheet's where PEAK_GBS knows the part (the first key in ``name``) or
+    PEAK_GBS_BY_ARCH the arch, else ``device_gbs`` (memory clock x bus width, as the
+    driver reports them)."""
+    for key, gbs in PEAK_GBS:
+        if key in name:
+            return gbs, "datasheet"
+    if arch in PEAK_GBS_BY_ARCH:
+        return PEAK_GBS_BY_ARCH[arch], "datasheet"
+    return device_gbs, "memory clock x bus width"
 
 
 @dataclass
@@ -306,10 +324,10 @@ def run_bench(formats, iters: int, device: int, with_torch: bool, out_dir: Path 
     timer = Timer(info.l2_bytes)
     copy_gbs = timer.copy_gbs()
     read = read_gbs()
-    peak = PEAK_GBS.get(info.arch, info.peak_bandwidth_gbs)
+    peak, peak_from = datasheet_peak_gbs(info.name, info.arch, info.peak_bandwidth_gbs)
     layout_name = f"paged, {page_size} rows a page, pages in random order" if page_size else "contiguous rows"
     print(f"hipmla bench: {info.name} ({info.arch}, {info.num_cus} CUs), peak {peak:.0f} GB/s "
-          f"(datasheet), measured device copy {copy_gbs:.0f} GB/s, read "
+          f"({peak_from}), measured device copy {copy_gbs:.0f} GB/s, read "
           f"{'-' if read is None else f'{read:.0f}'} GB/s, cache {layout_name}, "
           f"commit {git_commit()}", flush=True)
     shapes = [(s.name, s.seq_lens) for s in benchmark_shapes()] + list(ragged_mixes().items())

@@ -20,6 +20,20 @@ def test_bytes_moved_counts_cache_rows_and_partials():
     assert paged - base == 4096 // 16 * 4 + 4 * 4
 
 
+@pytest.mark.parametrize("name, arch, device, want", [
+    ("NVIDIA H100 80GB HBM3", "sm_90", 3352.3, (3350.0, "datasheet")),
+    ("NVIDIA H200", "sm_90", 4800.0, (4800.0, "datasheet")),
+    ("NVIDIA H100 NVL", "sm_90", 3938.0, (3900.0, "datasheet")),
+    ("AMD Instinct MI325X", "gfx942", 6000.0, (6000.0, "datasheet")),
+    ("", "gfx950", 0.0, (8000.0, "datasheet")),
+    ("NVIDIA GeForce RTX 4090", "sm_89", 1008.1, (1008.1, "memory clock x bus width")),
+])
+def test_the_quoted_peak_is_the_parts_own(name, arch, device, want):
+    """sm_90 is both the H100 (3.35 TB/s) and the H200 (4.8): the %peak column must not
+    quote the H200's figure for an H100, as it did until 2026-12-05."""
+    assert bench.datasheet_peak_gbs(name, arch, device) == want
+
+
 def test_ragged_mixes_are_ragged():
     mixes = bench.ragged_mixes()
     for name, lens in mixes.items():
