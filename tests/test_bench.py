@@ -83,6 +83,34 @@ def test_read_probe_is_none_without_a_torch_gpu(monkeypatch):
     assert bench.read_gbs() is None
 
 
+def test_the_torch_probes_share_one_timing_loop():
+    """probes.torch_median_us (read probe, matmul rate, torch peer): one warm-up call,
+    ``before`` outside each timed span, the median of the event times."""
+    from types import SimpleNamespace
+
+    from hipmla.bench.probes import torch_median_us
+
+    log, spans = [], iter([3.0, 1.0, 2.0])
+
+    class Event:
+        def __init__(self, enable_timing):
+            assert enable_timing
+
+        def record(self):
+            log.append("record")
+
+        def synchronize(self):
+            pass
+
+        def elapsed_time(self, other):
+            return next(spans)  # ms
+
+    fake_torch = SimpleNamespace(cuda=SimpleNamespace(Event=Event, synchronize=lambda: log.append("sync")))
+    us = torch_median_us(fake_torch, lambda: log.append("fn"), 3, before=lambda: log.append("flush"))
+    assert us == 2000.0
+    assert log == ["fn", "sync"] + ["flush", "record", "fn", "record"] * 3
+
+
 def test_table_prints_rows_with_and_without_the_read_probe(capsys):
     common = dict(kernel="k", kv_format="mxfp4", shape="4x1k", batch=4, tokens=4096, n_work=16, n_slots=0,
                   bytes_moved=1000, median_us=2.0, min_us=1.0, flushed_median_us=2.0, flushed_min_us=1.0,
