@@ -61,7 +61,8 @@ def fit_step(fmt: str, rng) -> float:
     from hipmla.schedule import schedule
 
     with Decoder(fmt, 1 / 24, max_batch=FIT_LENS.size) as dec:
-        if not dec.policy.fit or schedule(FIT_LENS, dec.policy).fit == 0:
+        fit = schedule(FIT_LENS, dec.policy).fit if dec.policy.fit else 0
+        if not fit:
             print(f"{fmt} fit: not run (fit {dec.policy.fit}, {dec.device.num_cus} CUs)")
             return 0.0
         layout = random_page_table(FIT_LENS, 16, rng, spare_pages=3)
@@ -70,7 +71,7 @@ def fit_step(fmt: str, rng) -> float:
         out, _ = dec.decode(q, kv, layout)
         emu, _ = dec.emulate(q, kv, layout)
     err = float(np.abs(out.astype(np.float32) - emu.astype(np.float32)).max())
-    print(f"{fmt} fit (chunk {schedule(FIT_LENS, dec.policy).fit}): max |device - emulator| = {err:.3e}")
+    print(f"{fmt} fit (chunk {fit}): max |device - emulator| = {err:.3e}")
     return err if np.isfinite(out.astype(np.float32)).all() else np.inf
 
 

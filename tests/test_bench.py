@@ -27,6 +27,7 @@ def test_bytes_moved_counts_cache_rows_and_partials():
     ("AMD Instinct MI325X", "gfx942", 6000.0, (6000.0, "datasheet")),
     ("", "gfx950", 0.0, (8000.0, "datasheet")),
     ("NVIDIA GeForce RTX 4090", "sm_89", 1008.1, (1008.1, "memory clock x bus width")),
+    ("NVIDIA GH200 480GB", "sm_90", 4022.8, (4022.8, "memory clock x bus width")),
 ])
 def test_the_quoted_peak_is_the_parts_own(name, arch, device, want):
     """sm_90 is both the H100 (3.35 TB/s) and the H200 (4.8): the %peak column must not
@@ -118,6 +119,22 @@ def test_table_prints_rows_with_and_without_the_read_probe(capsys):
     bench.print_table([bench.BenchRow(**common, pct_read=3.5), bench.BenchRow(**common, pct_read=None)], {})
     out = capsys.readouterr().out.splitlines()
     assert "%read" in out[0] and "3.5" in out[1] and " - " in out[2]
+
+
+def test_the_files_say_what_the_peak_is(tmp_path):
+    """bench.json records the peak and where it came from (a datasheet or the driver's
+    clock x bus width), so a saved %peak can be read against the right figure."""
+    from types import SimpleNamespace
+
+    row = bench.BenchRow(kernel="k", kv_format="fp8", shape="4x1k", batch=4, tokens=4096, n_work=16, n_slots=0,
+                         bytes_moved=1000, median_us=2.0, min_us=1.0, flushed_median_us=2.0, flushed_min_us=1.0,
+                         gbs=0.5, pct_peak=1.0, pct_copy=2.0, pct_read=None, host_us=5.0, host_views_us=6.0,
+                         host_raw_us=4.0)
+    info = SimpleNamespace(name="NVIDIA GH200 480GB", arch="sm_90")
+    bench.write_files([row], {}, tmp_path, info, 3000.0, 4022.8, None, "memory clock x bus width")
+    meta = json.loads((tmp_path / "bench.json").read_text())["meta"]
+    assert (meta["peak_gbs"], meta["peak_from"], meta["device"]) == (4022.8, "memory clock x bus width", info.name)
+    assert (tmp_path / "bench.csv").read_text().splitlines()[1].startswith("k,fp8,4x1k,")
 
 
 def test_cpu_host_bench_times_every_path_and_undoes_its_stub():

@@ -32,13 +32,13 @@ from hipmla.bench.decode import BenchRow, print_table, run_bench, write_files
 from hipmla.bench.host import c_noop_launch, fresh_views, host_figures, host_overhead_us, host_reference_us
 from hipmla.bench.mtp import MTP_BATCHES, MTP_CASES, MTP_KV_LEN, mtp_flops, run_mtp_bench
 from hipmla.bench.peer import torch_peer
-from hipmla.bench.probes import (PEAK_GBS, PEAK_GBS_BY_ARCH, Timer, datasheet_peak_gbs, git_commit, matmul_tflops,
-                                 read_gbs)
+from hipmla.bench.probes import (PEAK_GBS_BY_ARCH, PEAK_GBS_BY_NAME, Timer, datasheet_peak_gbs, git_commit,
+                                 matmul_tflops, read_gbs)
 from hipmla.bench.steps import bytes_moved, device_step, lens_step, ragged_mixes
 from hipmla.formats import KV_FORMATS
 from hipmla.inputs import benchmark_shapes
 
-__all__ = ["BenchRow", "MTP_BATCHES", "MTP_CASES", "MTP_KV_LEN", "PEAK_GBS", "PEAK_GBS_BY_ARCH", "Timer",
+__all__ = ["BenchRow", "MTP_BATCHES", "MTP_CASES", "MTP_KV_LEN", "PEAK_GBS_BY_ARCH", "PEAK_GBS_BY_NAME", "Timer",
            "bytes_moved", "c_noop_launch", "datasheet_peak_gbs", "device_step", "fresh_views", "git_commit",
            "host_figures", "host_overhead_us", "host_reference_us", "lens_step", "main", "matmul_tflops",
            "mtp_flops", "print_table", "ragged_mixes", "read_gbs", "run_bench", "run_mtp_bench", "torch_peer",

@@ -109,7 +109,7 @@ def run_bench(formats, iters: int, device: int, with_torch: bool, out_dir: Path 
         dec.close()
     print_table(rows, peer)
     if out_dir is not None:
-        write_files(rows, peer, out_dir, info, copy_gbs, peak, read)
+        write_files(rows, peer, out_dir, info, copy_gbs, peak, read, peak_from)
     return rows
 
 
@@ -128,10 +128,11 @@ def print_table(rows: list[BenchRow], peer: dict[str, float]) -> None:
               f"{r.host_raw_us:8.1f} {'-' if r.host_ref_us is None else f'{r.host_ref_us:.1f}':>8} {extra}")
 
 
-def write_files(rows, peer, out_dir: Path, info, copy_gbs: float, peak: float, read: float | None = None) -> None:
+def write_files(rows, peer, out_dir: Path, info, copy_gbs: float, peak: float, read: float | None = None,
+                peak_from: str = "datasheet") -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
     meta = {"date": time.strftime("%Y-%m-%d"), "device": info.name, "arch": info.arch,
-            "commit": git_commit(), "peak_gbs": peak, "copy_gbs": copy_gbs, "read_gbs": read,
+            "commit": git_commit(), "peak_gbs": peak, "peak_from": peak_from, "copy_gbs": copy_gbs, "read_gbs": read,
             "torch_bf16_us": peer}
     (out_dir / "bench.json").write_text(json.dumps({"meta": meta, "rows": [asdict(r) for r in rows]}, indent=1))
     with open(out_dir / "bench.csv", "w", newline="") as f:

@@ -14,26 +14,29 @@ from pathlib import Path
 
 from hipmla import runtime
 
-#: Datasheet peak HBM bandwidth, GB/s, by a part of the device's name: one arch spans
-#: parts of different memories (sm_90: the H100 SXM's 3.35 TB/s HBM3, the H200's 4.8 TB/s
-#: HBM3e; gfx942: MI300X 5.3, MI325X 6.0), so the arch alone does not say it.
-PEAK_GBS = (("MI355X", 8000.0), ("MI350X", 8000.0), ("MI325X", 6000.0), ("MI300X", 5300.0),
-            ("H200", 4800.0), ("H100 NVL", 3900.0), ("H100 PCIe", 2000.0), ("H100", 3350.0))
+#: Datasheet peak HBM bandwidth, GB/s, by a part of the device's name, the first match in
+#: this order: one arch spans parts of different memories (sm_90: the H100 SXM's 3.35 TB/s
+#: HBM3, the H200's 4.8 TB/s HBM3e; gfx942: MI300X 5.3, MI325X 6.0), so the arch alone
+#: does not say it. None: a name with memories of several sizes (the GH200 comes with
+#: HBM3 or HBM3e), whose driver figure is quoted instead.
+PEAK_GBS_BY_NAME: tuple[tuple[str, float | None], ...] = (
+    ("MI355X", 8000.0), ("MI350X", 8000.0), ("MI325X", 6000.0), ("MI300X", 5300.0),
+    ("GH200", None), ("H200", 4800.0), ("H100 NVL", 3900.0), ("H100 PCIe", 2000.0), ("H100", 3350.0))
 #: ... by arch, for a name that says no part (ROCm may report a marketing name or none).
 PEAK_GBS_BY_ARCH = {"gfx950": 8000.0, "gfx942": 5300.0}
 
 
 def datasheet_peak_gbs(name: str, arch: str, device_gbs: float) -> tuple[float, str]:
     """The peak HBM bandwidth to quote for the device, and where it comes from: the
-    datasheet's where PEAK_GBS knows the part (the first key in ``name``) or
-    PEAK_GBS_BY_ARCH the arch, else ``device_gbs`` (memory clock x bus width, as the
-    driver reports them)."""
-    for key, gbs in PEAK_GBS:
+    datasheet's where PEAK_GBS_BY_NAME knows the part or PEAK_GBS_BY_ARCH the arch, else
+    ``device_gbs`` (memory clock x bus width, as the driver reports them)."""
+    driver = device_gbs, "memory clock x bus width"
+    for key, gbs in PEAK_GBS_BY_NAME:
         if key in name:
-            return gbs, "datasheet"
+            return driver if gbs is None else (gbs, "datasheet")
     if arch in PEAK_GBS_BY_ARCH:
         return PEAK_GBS_BY_ARCH[arch], "datasheet"
-    return device_gbs, "memory clock x bus width"
+    return driver
 
 
 class Timer:
