@@ -280,7 +280,8 @@ def translation_unit(source: str, text: str | None = None) -> str:
 
 # --- sm_90 tensor-core split kernel (hip_src/decode/split_sm90.hip) ------------------------
 #
-# The decoder's kernel on sm_90 with bf16 Q (main_split_kernel). It takes any item
+# The decoder's kernel on sm_90 for every cache format and Q precision (main_split_kernel;
+# quantized Q is quantized in the block as the portable kernel does it). It takes any item
 # length, so tile_tokens = 0; launched with p.fast_tile = 0 it runs every item of the
 # schedule by itself.
 
@@ -304,13 +305,14 @@ def sm90_shared_bytes(kv_format: str) -> int:
     return -(-(stages * stage + red + pfrag + tail) // 128) * 128
 
 
-def sm90_split_kernel(kv_format: str) -> KernelSpec:
-    """The sm_90 tensor-core split kernel for a cache format (bf16 Q)."""
+def sm90_split_kernel(kv_format: str, q_precision: str = "bf16") -> KernelSpec:
+    """The sm_90 tensor-core split kernel for a cache format and a Q precision."""
     _check_choice(kv_format, "kv_format", KV_FORMATS)
+    _check_choice(q_precision, "q_precision", Q_PRECISIONS)
     return KernelSpec(
-        symbol=f"hipmla_decode_split_sm90_{kv_format}_qbf16",
+        symbol=f"hipmla_decode_split_sm90_{kv_format}_q{q_precision}",
         source=SM90_SOURCE,
-        defines=_specialisation(kv_format, "bf16"),
+        defines=_specialisation(kv_format, q_precision),
         block_threads=SM90_THREADS,
         dynamic_shared_bytes=sm90_shared_bytes(kv_format),
         archs=("sm_90",),
@@ -322,10 +324,10 @@ def sm90_split_kernel(kv_format: str) -> KernelSpec:
 
 def main_split_kernel(arch: str, kv_format: str, q_precision: str) -> KernelSpec:
     """The kernel that takes every item a fast kernel does not: the sm_90 tensor-core
-    kernel for bf16 Q on sm_90 (it ran on the H200 against the emulator: tests/test_sm90.py,
+    kernel on sm_90 (it ran on the H200 against the emulator: tests/test_sm90.py,
     tests/test_decode_gpu.py), else the portable kernel."""
-    if isinstance(arch, str) and arch.split(":", 1)[0] == "sm_90" and q_precision == "bf16":
-        return sm90_split_kernel(kv_format)
+    if isinstance(arch, str) and arch.split(":", 1)[0] == "sm_90":
+        return sm90_split_kernel(kv_format, q_precision)
     return split_kernel(kv_format, q_precision)
 
 

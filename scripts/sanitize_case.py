@@ -4,9 +4,9 @@
 Covers the irregular paths: an empty sequence, a 1-token sequence, tails that are not
 multiples of the 64-token tile, a sequence long enough to be split (so its items merge
 the partials in the kernel, core/merge.h), page tables of page size 1 and 16 with
-pages in random order, several query tokens at 32 heads, and a ragged step whose usual
+pages in random order, several query tokens at 32 heads, a ragged step whose usual
 split has more items than slots, so the fit's longer chunk runs (NVIDIA; on by default
-there). Exits non-zero if any output is non-finite or far from the emulator.
+there), and fp8 / mxfp4 Q (quantized in the block). Exits non-zero if any output is non-finite or far from the emulator.
 """
 
 import sys
@@ -45,7 +45,25 @@ def main() -> int:
                 return 1
         worst = max(worst, several_query_tokens(fmt, rng))
         worst = max(worst, fit_step(fmt, rng))
+        worst = max(worst, quantized_q(fmt, rng))
     return 0 if worst < 1e-2 else 1
+
+
+def quantized_q(fmt: str, rng) -> float:
+    """fp8 and mxfp4 Q through a page table of 16 (the block quantizes Q in shared memory
+    first): the worst |device - emulator|."""
+    layout = random_page_table(LENS, 16, rng, spare_pages=3)
+    worst = 0.0
+    for q_precision in ("fp8", "mxfp4"):
+        with Decoder(fmt, 1 / 24, q_precision=q_precision) as dec:
+            inputs = make_inputs(LENS, fmt, seed=4, fp8_variant=dec.fp8_variant)
+            kv = scatter(inputs.kv, layout)
+            out, _ = dec.decode(inputs.q, kv, layout)
+            emu, _ = dec.emulate(inputs.q, kv, layout)
+        err = float(np.abs(out.astype(np.float32) - emu.astype(np.float32)).max())
+        print(f"{fmt} q {q_precision}, page 16: max |device - emulator| = {err:.3e}")
+        worst = max(worst, err if np.isfinite(out.astype(np.float32)).all() else np.inf)
+    return worst
 
 
 #: 36 sequences of 900 tokens and 4 short ones: on 132 SMs the usual split gives one item

@@ -44,10 +44,11 @@ class Sm90Kernel:
     hipmla.decode.Decoder._prepare fills it (fast_tile = 0)."""
 
     def __init__(self, kv_format: str, sm_scale: float, max_batch: int, portable: bool = False,
-                 policy: SplitPolicy | None = None):
+                 policy: SplitPolicy | None = None, q_precision: str = "bf16"):
         info = runtime.device_info(0)
-        self.spec = (kernels.split_kernel(kv_format, "bf16") if portable
-                     else kernels.sm90_split_kernel(kv_format))
+        self.spec = (kernels.split_kernel(kv_format, q_precision) if portable
+                     else kernels.sm90_split_kernel(kv_format, q_precision))
+        self.q_precision = q_precision
         if not portable and not self.spec.builds_for(info.arch):
             raise RuntimeError(f"the sm_90 kernel needs an sm_90 device, this one is {info.arch}")
         self.fn = runtime.load_kernel(self.spec, info.arch)
@@ -113,11 +114,12 @@ def run_once(kernel: Sm90Kernel, q, kv, layout):
             a.free()
 
 
-def compare(out, lse, q, kv, layout, sm_scale, policy, seqs) -> dict:
-    """Worst device-vs-emulator errors on the sequences ``seqs`` (emulator: 32-token tiles)."""
-    emu_out, emu_lse = emulate_decode(q, kv, layout, sm_scale, policy, q_precision="bf16",
+def compare(out, lse, q, kv, layout, sm_scale, policy, seqs, q_precision: str = "bf16") -> dict:
+    """Worst device-vs-emulator errors on the sequences ``seqs`` (emulator: 32-token tiles,
+    Q quantized as ``q_precision`` says)."""
+    emu_out, emu_lse = emulate_decode(q, kv, layout, sm_scale, policy, q_precision=q_precision,
                                       q_fp8_variant="e4m3fn", seqs=seqs, tile_tokens=SM90_TILE_TOKENS,
-                                      products=kernels.sm90_split_kernel(kv.format).products)
+                                      products=kernels.sm90_split_kernel(kv.format, q_precision).products)
     o = np.asarray(out[seqs], np.float32)
     e = np.asarray(emu_out, np.float32)
     scale = float(np.abs(e).max(initial=0)) or 1.0

@@ -892,9 +892,9 @@ def test_check_errors_names_each_kind_and_clears(monkeypatch):
     assert set(decode.DEVICE_ERRORS) == {1, 2, 4, 8, 16, 32}
 
 
-def test_sm90_takes_every_item_with_bf16_q(monkeypatch):
+def test_sm90_takes_every_item_with_any_q(monkeypatch):
     """On sm_90 the tensor-core kernel (any item length, 32-token softmax steps, dynamic
-    shared memory) is the one launch for bf16 Q; quantized Q stays on the portable kernel."""
+    shared memory) is the one launch for every Q precision (quantized Q: in the block)."""
     gpu, dec = make(monkeypatch, arch="sm_90", q_precision="bf16")
     assert dec._split.symbol == "hipmla_decode_split_sm90_mxfp4_qbf16" and dec._fast is None
     assert dec.tile_tokens == 32 and dec._split.dynamic_shared_bytes > 48 * 1024
@@ -902,7 +902,7 @@ def test_sm90_takes_every_item_with_bf16_q(monkeypatch):
     (launch,) = gpu.launches
     assert launch.symbol == dec._split.symbol and launch.fast_tile == 0
     _, fp8_q = make(monkeypatch, arch="sm_90", q_precision="fp8")
-    assert fp8_q._split.symbol == "hipmla_decode_split_mxfp4_qfp8" and fp8_q.tile_tokens == 64
+    assert fp8_q._split.symbol == "hipmla_decode_split_sm90_mxfp4_qfp8" and fp8_q.tile_tokens == 32
     _, amd = make(monkeypatch, arch="gfx942", q_precision="bf16")
     assert amd._split.symbol == "hipmla_decode_split_gfx942_mxfp4_qbf16"  # its own fast kernel
 
@@ -922,7 +922,7 @@ def test_emulate_models_the_decoders_own_kernel(monkeypatch, arch, q_precision):
     if arch == "gfx950":
         kw |= dict(fast_schedule=FAST_SCHEDULES["gfx950"], fast_any_length=True)
     else:
-        kw |= dict(tile_tokens=32 if q_precision == "bf16" else 64)
+        kw |= dict(tile_tokens=32)
     want = emulate_decode(inp.q, inp.kv, inp.layout, dec.config.sm_scale, dec.policy, **kw)
     assert np.array_equal(got[0].view(np.uint16), want[0].view(np.uint16))
     other = emulate_decode(inp.q, inp.kv, inp.layout, dec.config.sm_scale, dec.policy, q_precision=q_precision,

@@ -654,17 +654,24 @@ def test_fast_kernels_on_cpu_paged_is_bit_identical_to_contiguous(host_kernels, 
     assert (counters == 0).all() and np.isfinite(out_p).all()
 
 
-@pytest.mark.parametrize("kv_format", kernels.KV_FORMATS)
-def test_sm90_kernel_on_cpu_matches_emulator(host_kernels, kv_format):
+@pytest.mark.parametrize("kv_format, q_precision", [(kv, "bf16") for kv in kernels.KV_FORMATS] + [
+    ("bf16", "mxfp4"), ("fp8", "fp8"), ("fp8", "mxfp4"), ("mxfp4", "fp8"), ("mxfp4", "mxfp4")])
+def test_sm90_kernel_on_cpu_matches_emulator(host_kernels, kv_format, q_precision):
     """The sm_90 tensor-core kernel, whole, on the CPU (tests/host_sm90.h: its warp
     instructions in the PTX ISA's fragment layouts); its numerics are the emulator's with
-    32-token softmax tiles. On every CI machine, not only the H200 (tests/test_sm90.py)."""
+    32-token softmax tiles, on Q quantized as the emulator's quantize_q (fp8 cache: then
+    through f16_q). On every CI machine, not only the H200 (tests/test_sm90.py)."""
     q, kv, layout = _case(kv_format, "e4m3fn", seed=len(kv_format) + 11)
     errors = np.zeros(1, np.int32)
-    spec = kernels.sm90_split_kernel(kv_format)
-    out, lse, counters = run_on_host(host_kernels, q, kv, layout, POLICY, 1 / 24, "bf16", "sm_90", errors, spec=spec)
-    emu_out, emu_lse = emulate_decode(q, kv, layout, 1 / 24, POLICY, tile_tokens=SM90_TILE_TOKENS,
-                                      products=spec.products)
+    spec = kernels.sm90_split_kernel(kv_format, q_precision)
+    out, lse, counters = run_on_host(host_kernels, q, kv, layout, POLICY, 1 / 24, q_precision, "sm_90", errors,
+                                     spec=spec)
+    emu_out, emu_lse = emulate_decode(q, kv, layout, 1 / 24, POLICY, q_precision=q_precision, q_fp8_variant="e4m3fn",
+                                      tile_tokens=SM90_TILE_TOKENS, products=spec.products)
+    if q_precision != "bf16":  # a kernel that skipped the quantization would fail the match below
+        bf16_out, _ = emulate_decode(q, kv, layout, 1 / 24, POLICY, tile_tokens=SM90_TILE_TOKENS,
+                                     products=spec.products)
+        assert not np.allclose(bf16_out.astype(np.float32), emu_out.astype(np.float32), rtol=1e-2, atol=1e-3)
     assert errors[0] == 0 and (counters == 0).all()
     assert_matches_emulator(out, lse, emu_out.astype(np.float32), emu_lse)
 
@@ -740,7 +747,8 @@ print("ran")
 
 
 #: Every kernel the CPU harness runs: the portable ones, the CDNA fast ones, sm_90's.
-HOST_SPECS = (all_kernels() + FAST_950 + FAST_942 + [kernels.sm90_split_kernel(kv) for kv in kernels.KV_FORMATS])
+HOST_SPECS = (all_kernels() + FAST_950 + FAST_942 +
+              [kernels.sm90_split_kernel(kv, qp) for kv in kernels.KV_FORMATS for qp in kernels.Q_PRECISIONS])
 
 
 @pytest.mark.parametrize("arch, spec", [

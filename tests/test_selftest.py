@@ -261,8 +261,8 @@ def test_a_passing_fast_kernel_serves(monkeypatch, checks):
 
 
 def test_the_portable_kernel_is_never_checked(monkeypatch, checks):
-    fake_runtime(monkeypatch, "sm_90")
-    decode.Decoder("mxfp4", 1 / 24, q_precision="fp8")  # sm_90 runs quantized Q on the portable kernel
+    fake_runtime(monkeypatch, "gfx942")
+    decode.Decoder("mxfp4", 1 / 24, q_precision="fp8")  # gfx942 runs quantized Q on the portable kernel
     fake_runtime(monkeypatch, "gfx90a")
     decode.Decoder("bf16", 1 / 24)
     assert checks.runs == []
@@ -334,7 +334,7 @@ def test_the_runner_fails_the_fakes_zeros(monkeypatch, verdicts):
 
 
 @pytest.mark.parametrize("arch, decoder", [
-    ("sm_90", [f"hipmla_decode_split_sm90_{kv}_qbf16" for kv in KV_FORMATS]),
+    ("sm_90", [f"hipmla_decode_split_sm90_{kv}_q{q}" for kv in KV_FORMATS for q in ("bf16", "fp8", "mxfp4")]),
     ("gfx950", [f"hipmla_decode_split_gfx950_mxfp4_q{q}" for q in ("bf16", "fp8", "mxfp4")]),
     ("gfx942", [f"hipmla_decode_split_gfx942_{kv}_qbf16" for kv in KV_FORMATS]),
     ("gfx90a", []),
@@ -376,19 +376,21 @@ def test_cli_prints_a_table_writes_json_and_reuses_verdicts(monkeypatch, checks,
     assert cli.main(["selftest", "--json", str(report)]) == 0
     out = capsys.readouterr().out
     lines = [l for l in out.splitlines() if l.startswith(("decoder", "portable"))]
-    assert [l.split()[:2] for l in lines] == [["decoder", f"hipmla_decode_split_sm90_{kv}_qbf16"] for kv in KV_FORMATS] + \
+    qs = ("bf16", "fp8", "mxfp4")
+    assert [l.split()[:2] for l in lines] == \
+        [["decoder", f"hipmla_decode_split_sm90_{kv}_q{q}"] for kv in KV_FORMATS for q in qs] + \
         [["portable", f"hipmla_decode_split_{kv}_qbf16"] for kv in KV_FORMATS]
     assert all(l.split()[2] == "sm_90" and l.split()[4] == "pass" and l.endswith("no") for l in lines)
-    assert "6 passed, 0 failed" in out and str(checks.dir) in out
+    assert "12 passed, 0 failed" in out and str(checks.dir) in out
     data = json.loads(report.read_text())
-    assert data["arch"] == "sm_90" and [v["role"] for v in data["verdicts"]] == ["decoder"] * 3 + ["portable"] * 3
+    assert data["arch"] == "sm_90" and [v["role"] for v in data["verdicts"]] == ["decoder"] * 9 + ["portable"] * 3
     assert cli.main(["selftest", "--format", "mxfp4"]) == 0
     lines = [l for l in capsys.readouterr().out.splitlines() if l.startswith(("decoder", "portable"))]
-    assert len(lines) == 2 and all(l.endswith("yes") for l in lines) and len(checks.runs) == 6
+    assert len(lines) == 4 and all(l.endswith("yes") for l in lines) and len(checks.runs) == 12
     checks.result = FAIL
     assert cli.main(["selftest", "--format", "mxfp4", "--no-cache"]) == 1
     out = capsys.readouterr().out
-    assert "FAIL" in out and FAIL.failure in out and "0 passed, 2 failed" in out and len(checks.runs) == 8
+    assert "FAIL" in out and FAIL.failure in out and "0 passed, 4 failed" in out and len(checks.runs) == 16
 
 
 # ----------------------------------------------------------------------------- on the GPU

@@ -25,8 +25,9 @@ import numpy as np
 import pytest
 
 from hipmla import kernels, nvidia
+from hipmla.cli import REFERENCE_TOL
 from hipmla.inputs import spread_sample
-from hipmla.emulate import SM90_TILE_TOKENS, emulate_decode, emulate_work_item, quantize_q
+from hipmla.emulate import Q_PRECISIONS, SM90_TILE_TOKENS, emulate_decode, emulate_work_item, quantize_q
 from hipmla.formats import KV_FORMATS
 from hipmla.inputs import make_inputs, random_cache
 from hipmla.paging import random_page_table
@@ -34,7 +35,7 @@ from hipmla.reference import mla_decode_reference
 from hipmla.schedule import SplitPolicy
 
 REPO = Path(__file__).resolve().parent.parent
-SPECS = [kernels.sm90_split_kernel(kv) for kv in KV_FORMATS]
+SPECS = [kernels.sm90_split_kernel(kv, qp) for kv in KV_FORMATS for qp in Q_PRECISIONS]
 
 
 def _ids(spec):
@@ -45,13 +46,16 @@ def _ids(spec):
 
 
 @pytest.mark.parametrize("kv_format", KV_FORMATS)
-def test_spec(kv_format):
-    spec = kernels.sm90_split_kernel(kv_format)
-    assert spec.symbol == f"hipmla_decode_split_sm90_{kv_format}_qbf16"
+@pytest.mark.parametrize("q_precision", Q_PRECISIONS)
+def test_spec(kv_format, q_precision):
+    spec = kernels.sm90_split_kernel(kv_format, q_precision)
+    assert spec.symbol == f"hipmla_decode_split_sm90_{kv_format}_q{q_precision}"
     assert spec.source == "decode/split_sm90.hip" and spec.archs == ("sm_90",)
     assert spec.tile_tokens == 0 and spec.block_threads == 256
     assert spec.builds_for("sm_90") and not spec.builds_for("gfx950")
-    assert "-DHIPMLA_Q_PRECISION=0" in spec.options("sm_90")
+    assert f"-DHIPMLA_Q_PRECISION={'bf16 fp8 mxfp4'.split().index(q_precision)}" in spec.options("sm_90")
+    assert spec.products == ("f16" if kv_format == "fp8" else "bf16")
+    assert kernels.decoder_kernel("sm_90", kv_format, q_precision) == spec
     assert "-DHIPMLA_FP8_FNUZ=0" in spec.options("sm_90")
     # two blocks per SM: 2 x (dynamic + 1 KiB reserved per block) within an H100/H200 SM's 228 KiB
     assert 2 * (spec.dynamic_shared_bytes + 1024) <= 228 * 1024
@@ -65,6 +69,8 @@ def test_not_wired_into_the_fast_path():
 def test_bad_format_names_itself():
     with pytest.raises(ValueError, match="kv_format"):
         kernels.sm90_split_kernel("int4")
+    with pytest.raises(ValueError, match="q_precision"):
+        kernels.sm90_split_kernel("mxfp4", "e5m2")
 
 
 # ----------------------------------------------------------------------------- NVRTC via the shim
@@ -75,9 +81,10 @@ def _nvrtc_available() -> bool:
 
 needs_nvrtc = pytest.mark.skipif(not _nvrtc_available(), reason="no NVRTC library found")
 
-#: Everything the decoder runs on sm_90: the tensor-core kernel for bf16 Q, the portable
-#: kernel for quantized Q (one build per cache format is enough to catch a compile error).
-BUILDS = [("sm90_split_kernel", (kv,)) for kv in KV_FORMATS] + \
+#: Everything the decoder runs on sm_90: the tensor-core kernel for every cache format and
+#: Q precision, and the portable kernel it falls back to when a self-test fails (one build
+#: per cache format is enough to catch a compile error).
+BUILDS = [("sm90_split_kernel", (kv, qp)) for kv in KV_FORMATS for qp in Q_PRECISIONS] + \
     [("split_kernel", (kv, qp)) for kv, qp in (("bf16", "fp8"), ("fp8", "mxfp4"), ("mxfp4", "fp8"))]
 
 COMPILE_SCRIPT = """
@@ -266,7 +273,7 @@ def test_ptxas_no_spills_and_shared_size_matches(spec, tmp_path):
 
 def test_source_rejects_other_specialisations(tmp_path):
     source = kernels.translation_unit("decode/split_sm90.hip")
-    assert "#error" in source and "HIPMLA_Q_PRECISION=0" in source
+    assert "#error" in source and "HIPMLA_FP8_FNUZ=0" in source and "HIPMLA_Q_PRECISION must be" in source
 
 
 # ----------------------------------------------------------------------------- the emulated schedule
@@ -478,37 +485,55 @@ def test_timeline_edits_apply_and_its_summary_reads_the_stamps(tmp_path):
 # ----------------------------------------------------------------------------- on the GPU
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("kv_format", KV_FORMATS)
-def test_gpu_ragged_paged_batches_match_the_emulator(kv_format):
+def _gpu_ragged_paged_batches(kv_format: str, q_precision: str, configs: list, seed: int) -> None:
+    """The kernel alone on each batch of lengths in ``configs`` (page sizes 1, 16, 64, 128
+    in turn), against the emulator and within the reference tolerance."""
     from hipmla import runtime
 
     if not runtime.available() or runtime.device_info(0).arch != "sm_90":
         pytest.skip("needs an sm_90 GPU")
     trial = _script("sm90_trial")
     sm_scale = 1 / 24
-    configs = [np.array([1, 0, 31, 32, 33, 127, 128, 129, 16383, 64, 65]), np.zeros(3, np.int64)]
-    rng = np.random.default_rng(90)
-    configs += [rng.integers(0, 9000, size=int(rng.integers(1, 150))) for _ in range(4)]
+    rng = np.random.default_rng(seed)
     for i, lens in enumerate(configs):
         page_size = (1, 16, 64, 128)[i % 4]
         layout = random_page_table(lens, page_size, rng, spare_pages=17, shared=3)
         pool_rows = (int(layout.kv_indices.max(initial=0)) + 1) * page_size
         pool = random_cache(pool_rows, kv_format, rng, scale_stride=24 if i % 2 else 18)
         q = rng.standard_normal((lens.shape[0], 16, 576), dtype=np.float32).astype(ml_dtypes.bfloat16)
-        kernel = trial.Sm90Kernel(kv_format, sm_scale, lens.shape[0])
+        kernel = trial.Sm90Kernel(kv_format, sm_scale, lens.shape[0], q_precision=q_precision)
         try:
             out, lse = trial.run_once(kernel, q, pool, layout)
             seqs = spread_sample(lens)
-            r = trial.compare(out, lse, q, pool, layout, sm_scale, kernel.policy, seqs)
+            r = trial.compare(out, lse, q, pool, layout, sm_scale, kernel.policy, seqs, q_precision)
         finally:
             kernel.close()
-        what = f"{kv_format} config {i} (bs {lens.shape[0]}, {int(lens.sum())} tokens, page {page_size})"
+        what = f"{kv_format}/q{q_precision} config {i} (bs {lens.shape[0]}, {int(lens.sum())} tokens, page {page_size})"
         assert np.isfinite(out.astype(np.float32)).all(), f"{what}: unwritten or non-finite output"
         assert r["ok"], f"{what}: {r}"
         ref_out, ref_lse = mla_decode_reference(q, pool, layout, sm_scale, seqs=seqs)
         err = np.abs(np.asarray(out[seqs], np.float32) - ref_out)
-        assert (err <= 2e-2 * (1 + np.abs(ref_out))).all(), f"{what}: worst error vs reference {err.max():.3e}"
+        tol = REFERENCE_TOL[q_precision]  # quantized Q: the reference takes Q as it is
+        assert (err <= tol * (1 + np.abs(ref_out))).all(), f"{what}: worst error vs reference {err.max():.3e}"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kv_format", KV_FORMATS)
+def test_gpu_ragged_paged_batches_match_the_emulator(kv_format):
+    configs = [np.array([1, 0, 31, 32, 33, 127, 128, 129, 16383, 64, 65]), np.zeros(3, np.int64)]
+    rng = np.random.default_rng(90)
+    configs += [rng.integers(0, 9000, size=int(rng.integers(1, 150))) for _ in range(4)]
+    _gpu_ragged_paged_batches(kv_format, "bf16", configs, seed=90)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kv_format", KV_FORMATS)
+@pytest.mark.parametrize("q_precision", ["fp8", "mxfp4"])
+def test_gpu_quantized_q_matches_the_emulator(kv_format, q_precision):
+    """fp8 / mxfp4 Q on the tensor-core kernel: the block quantizes Q as the emulator does."""
+    rng = np.random.default_rng(93)
+    configs = [np.array([1, 0, 31, 33, 129, 5000, 64]), rng.integers(0, 3000, size=40)]
+    _gpu_ragged_paged_batches(kv_format, q_precision, configs, seed=94)
 
 
 @pytest.mark.gpu

@@ -3,6 +3,7 @@
 // (hipmla/formats.py) implements the same ones, so both must change together.
 #pragma once
 
+#include "common/config.h"
 #include "common/platform.h"
 
 namespace hipmla {
@@ -124,6 +125,27 @@ HIPMLA_DEVICE void mx_quantize_block_bf16(unsigned short* x) {
 #pragma unroll 4
     for (int i = 0; i < MX_BLOCK; ++i) {
         x[i] = (unsigned short)f32_to_bf16_bits(mx_round_element<F>(bf16_to_f32(x[i]) * down) * up);
+    }
+}
+
+// One row of Q (16 heads x 576 bf16, head-major, in shared memory) quantized in place as
+// the Q precision QP asks (config.h codes): FORMAT_FP8 MXFP8 (e4m3fnuz with FNUZ, else
+// e4m3fn), FORMAT_MXFP4 MXFP4, FORMAT_BF16 nothing. Block b (MX_BLOCK consecutive values
+// of one head) goes to thread b mod THREADS; the caller syncs before (Q landed) and after.
+// The one quantization of the kernels that take quantized Q as bf16 values (split.hip,
+// split_sm90.hip): the emulator's quantize_q.
+template <int QP, bool FNUZ, int THREADS>
+HIPMLA_DEVICE void mx_quantize_q_row_bf16(unsigned short* q, int tid) {
+    if (QP == FORMAT_BF16) return;
+    for (int b = tid; b < HEADS * D_QK / MX_BLOCK; b += THREADS) {
+        unsigned short* x = q + b * MX_BLOCK;
+        if (QP == FORMAT_MXFP4) {
+            mx_quantize_block_bf16<E2M1>(x);
+        } else if (FNUZ) {
+            mx_quantize_block_bf16<E4M3FNUZ>(x);
+        } else {
+            mx_quantize_block_bf16<E4M3FN>(x);
+        }
     }
 }
 

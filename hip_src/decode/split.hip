@@ -154,16 +154,7 @@ HIPMLA_DEVICE void load_q(Smem& sm, const MlaDecodeParams& p, int row) {
     }
     if (QP == FORMAT_BF16) return;
     block_sync();
-    for (int b = int(thread_index()); b < HEADS * D_QK / MX_BLOCK; b += BLOCK_THREADS) {
-        unsigned short* x = sm.q + b * MX_BLOCK;
-        if (QP == FORMAT_MXFP4) {
-            mx_quantize_block_bf16<E2M1>(x);
-        } else if (FNUZ) {
-            mx_quantize_block_bf16<E4M3FNUZ>(x);
-        } else {
-            mx_quantize_block_bf16<E4M3FN>(x);
-        }
-    }
+    mx_quantize_q_row_bf16<QP, FNUZ, BLOCK_THREADS>(sm.q, int(thread_index()));
 }
 
 // Adds this slab's part of q_h . k_j for the thread's token and 4 heads to `s`

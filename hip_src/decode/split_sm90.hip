@@ -1,18 +1,21 @@
 // sm_90 (Hopper) tensor-core split kernel: any cache format (bf16, fp8 e4m3fn, MXFP4),
-// bf16 Q, any item length (the last tile is masked inside), on the project's serving core.
+// any Q precision (bf16, MXFP8, MXFP4), any item length (the last tile is masked inside), on the project's serving core.
 // Block i derives work item i from the batch (core/schedule.h); a sequence of one item
 // writes bf16 output + natural-log LSE, otherwise the item writes its partial slot and the
 // row's items merge the slots, a share of the columns each (core/merge.h). With p.fast_tile > 0
 // it takes only the items of whole fast_tile tiles (as the AMD fast kernels do), so it can
 // run beside the portable kernel; with p.fast_tile = 0 it takes every item.
-// Numerics: hip_src/KERNELS.md with bf16 Q and 32-token softmax tiles, ONE softmax state
-// per block, and for an fp8 cache f16 products: hipmla.emulate.emulate_work_item(
-// tile=SM90_TILE_TOKENS, products=kernels.sm90_split_kernel(kv).products) is its model.
+// Numerics: hip_src/KERNELS.md with 32-token softmax tiles, ONE softmax state per block,
+// and for an fp8 cache f16 products: hipmla.emulate.emulate_work_item(tile=SM90_TILE_TOKENS,
+// products=kernels.sm90_split_kernel(kv, qp).products) is its model, on quantize_q's Q.
 //
 // Specialisation (all required):
 //   HIPMLA_KV_FORMAT    0 bf16, 1 fp8 (e4m3fn), 2 mxfp4
-//   HIPMLA_Q_PRECISION  0 (bf16 Q: the bf16 products take it as it is, the fp8 cache's f16
-//                       products per head times a power of two: q_exponent)
+//   HIPMLA_Q_PRECISION  0 bf16 Q: the bf16 products take it as it is, the fp8 cache's f16
+//                       products per head times a power of two (q_exponent); 1 fp8, 2 mxfp4:
+//                       the block quantizes Q once, in shared memory (mx_quantize_q_row_bf16,
+//                       as split.hip does), into bf16 values, which then take bf16 Q's path
+//                       (an MX value is a bf16 value unless below 2^-126: KERNELS.md)
 //   HIPMLA_FP8_FNUZ     0 (NVIDIA fp8 is e4m3fn)
 // Test only: HIPMLA_SELFTEST_BREAK scales the output by 1.5 (hipmla.selftest.broken).
 // The CPU harness runs it too (tests/host_sm90.h defines arch/sm90.h's PTX helpers).
@@ -229,20 +232,32 @@
 #include "arch/sm90.h"
 
 #if !defined(HIPMLA_KV_FORMAT) || !defined(HIPMLA_Q_PRECISION) || !defined(HIPMLA_FP8_FNUZ)
-#error "split_sm90.hip needs -DHIPMLA_KV_FORMAT=<0|1|2> -DHIPMLA_Q_PRECISION=0 -DHIPMLA_FP8_FNUZ=0"
+#error "split_sm90.hip needs -DHIPMLA_KV_FORMAT=<0|1|2> -DHIPMLA_Q_PRECISION=<0|1|2> -DHIPMLA_FP8_FNUZ=0"
 #endif
-#if HIPMLA_Q_PRECISION != 0 || HIPMLA_FP8_FNUZ != 0
-#error "split_sm90.hip: bf16 Q (HIPMLA_Q_PRECISION=0) and e4m3fn (HIPMLA_FP8_FNUZ=0) only"
+#if HIPMLA_FP8_FNUZ != 0
+#error "split_sm90.hip: NVIDIA fp8 is e4m3fn (HIPMLA_FP8_FNUZ=0)"
 #endif
 #if HIPMLA_KV_FORMAT == 0
-#define HIPMLA_SM90_NAME hipmla_decode_split_sm90_bf16_qbf16
+#define HIPMLA_SM90_KV bf16
 #elif HIPMLA_KV_FORMAT == 1
-#define HIPMLA_SM90_NAME hipmla_decode_split_sm90_fp8_qbf16
+#define HIPMLA_SM90_KV fp8
 #elif HIPMLA_KV_FORMAT == 2
-#define HIPMLA_SM90_NAME hipmla_decode_split_sm90_mxfp4_qbf16
+#define HIPMLA_SM90_KV mxfp4
 #else
 #error "HIPMLA_KV_FORMAT must be 0 (bf16), 1 (fp8) or 2 (mxfp4)"
 #endif
+#if HIPMLA_Q_PRECISION == 0
+#define HIPMLA_SM90_Q bf16
+#elif HIPMLA_Q_PRECISION == 1
+#define HIPMLA_SM90_Q fp8
+#elif HIPMLA_Q_PRECISION == 2
+#define HIPMLA_SM90_Q mxfp4
+#else
+#error "HIPMLA_Q_PRECISION must be 0 (bf16), 1 (fp8) or 2 (mxfp4)"
+#endif
+#define HIPMLA_SM90_GLUE(kv, q) hipmla_decode_split_sm90_##kv##_q##q
+#define HIPMLA_SM90_SYMBOL(kv, q) HIPMLA_SM90_GLUE(kv, q)
+#define HIPMLA_SM90_NAME HIPMLA_SM90_SYMBOL(HIPMLA_SM90_KV, HIPMLA_SM90_Q)
 
 namespace hipmla {
 namespace sm90k {
@@ -250,6 +265,7 @@ namespace sm90k {
 using namespace sm90;
 
 constexpr int KV = HIPMLA_KV_FORMAT;
+constexpr int QP = HIPMLA_Q_PRECISION;
 constexpr bool MXFP4 = KV == FORMAT_MXFP4;
 constexpr bool FP8 = KV == FORMAT_FP8;
 // The tensor-core products take f16 inputs for the fp8 cache (the hardware converts two e4m3
@@ -507,6 +523,12 @@ extern "C" __global__ void __launch_bounds__(hipmla::sm90k::THREADS, 2) HIPMLA_S
     unsigned qr[2];
     cp_async_wait<STAGES - 1>();
     block_sync();
+    // Quantized Q: the row's 18 blocks a head quantized in place (the emulator's
+    // quantize_q). Their values are bf16 values, so from here on it is bf16 Q's path.
+    if (QP != FORMAT_BF16) {
+        mx_quantize_q_row_bf16<QP, false, THREADS>(sm.x.q, tid);
+        block_sync();
+    }
     if (F16) {  // each head's exponent (q_exponent): 16 threads a head, 36 values each
         const int h = tid >> 4, part = tid & 15;
         static_assert(HEADS * 16 == THREADS && D_QK == 16 * 36, "16 threads of 36 values a head");

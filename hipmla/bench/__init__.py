@@ -35,6 +35,7 @@ from hipmla.bench.peer import torch_peer
 from hipmla.bench.probes import (PEAK_GBS_BY_ARCH, PEAK_GBS_BY_NAME, Timer, datasheet_peak_gbs, git_commit,
                                  matmul_tflops, read_gbs)
 from hipmla.bench.steps import bytes_moved, device_step, lens_step, ragged_mixes
+from hipmla.emulate import Q_PRECISIONS
 from hipmla.formats import KV_FORMATS
 from hipmla.inputs import benchmark_shapes
 
@@ -56,6 +57,8 @@ def main(argv: list[str]) -> int:
     p.add_argument("--out", type=Path, default=None, help="folder for bench.json and bench.csv")
     p.add_argument("--page-size", type=int, default=0,
                    help="0: contiguous cache (default); 1..128 (a power of two): a paged cache, pages in random order")
+    p.add_argument("--q-precision", default="auto", choices=("auto",) + Q_PRECISIONS,
+                   help="Q as the decoder takes it (auto: its default, bf16)")
     p.add_argument("--mtp", action="store_true",
                    help="instead: 128 heads x 1 query token and 16 heads x 4 tokens at bs 32/128 x 8k "
                         "(TFLOP/s against a bf16 matmul measured in the same run)")
@@ -76,5 +79,5 @@ def main(argv: list[str]) -> int:
             a.out.mkdir(parents=True, exist_ok=True)
             (a.out / "bench_mtp.json").write_text(json.dumps(rows, indent=1))
         return 0
-    run_bench(formats, a.iters, a.device, not a.no_torch, a.out, only, a.page_size)
+    run_bench(formats, a.iters, a.device, not a.no_torch, a.out, only, a.page_size, a.q_precision)
     return 0

@@ -50,7 +50,7 @@ class BenchRow:
 
 
 def run_bench(formats, iters: int, device: int, with_torch: bool, out_dir: Path | None,
-              only: set[str] | None = None, page_size: int = 0) -> list[BenchRow]:
+              only: set[str] | None = None, page_size: int = 0, q_precision: str = "auto") -> list[BenchRow]:
     info = runtime.device_info(device)
     timer = Timer(info.l2_bytes)
     copy_gbs = timer.copy_gbs()
@@ -59,7 +59,7 @@ def run_bench(formats, iters: int, device: int, with_torch: bool, out_dir: Path 
     layout_name = f"paged, {page_size} rows a page, pages in random order" if page_size else "contiguous rows"
     print(f"hipmla bench: {info.name} ({info.arch}, {info.num_cus} CUs), peak {peak:.0f} GB/s "
           f"({peak_from}), measured device copy {copy_gbs:.0f} GB/s, read "
-          f"{'-' if read is None else f'{read:.0f}'} GB/s, cache {layout_name}, "
+          f"{'-' if read is None else f'{read:.0f}'} GB/s, cache {layout_name}, Q {q_precision}, "
           f"commit {git_commit()}", flush=True)
     shapes = [(s.name, s.seq_lens) for s in benchmark_shapes()] + list(ragged_mixes().items())
     if only:
@@ -70,7 +70,8 @@ def run_bench(formats, iters: int, device: int, with_torch: bool, out_dir: Path 
     peer: dict[str, float] = {}
     for fmt in formats:
         print(f"  generating a {max_rows}-row {fmt} cache...", file=sys.stderr, flush=True)
-        dec = Decoder(fmt, BENCH_SM_SCALE, device=device, max_batch=max(l.shape[0] for _, l in shapes))
+        dec = Decoder(fmt, BENCH_SM_SCALE, device=device, max_batch=max(l.shape[0] for _, l in shapes),
+                      q_precision=q_precision)
         kv = random_cache(max_rows, fmt, rng, fp8_variant=dec.fp8_variant)
         stride = kv.scales.shape[1] if fmt == "mxfp4" else 0
         for name, lens in shapes:
