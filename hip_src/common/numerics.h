@@ -106,46 +106,77 @@ HIPMLA_DEVICE float mx_round_element(float y) {
     return f32_from_bits(bits_from_f32(r) | sign);
 }
 
-// Quantize-dequantize 32 bf16 values in place with an E8M0 scale (OCP floor rule) and
-// element format F. The dequantized value r * 2^e is exact in f32; it is stored back as
-// bf16, which is exact too unless |value| < 2^-126 (only when amax < 2^-117). Two passes
-// over shared memory and partial unrolling keep the 32 values out of registers: fully
-// unrolled, this prelude alone set the kernel's register peak on sm_90.
-template <class F>
-HIPMLA_DEVICE void mx_quantize_block_bf16(unsigned short* x) {
-    float amax = 0.0f;
-#pragma unroll 4
-    for (int i = 0; i < MX_BLOCK; ++i) {
-        const float a = f32_from_bits((unsigned(x[i]) << 16) & 0x7fffffffu);
-        amax = a > amax ? a : amax;
-    }
-    const int e = mx_block_exponent(amax, F::emax);
-    const float down = exp2_int(-e);
-    const float up = exp2_int(e);
-#pragma unroll 4
-    for (int i = 0; i < MX_BLOCK; ++i) {
-        x[i] = (unsigned short)f32_to_bf16_bits(mx_round_element<F>(bf16_to_f32(x[i]) * down) * up);
-    }
+// Magnitude bits of the larger non-NaN bf16 half of `w` against `m` (NaN halves count
+// as 0, as a float compare would skip them; +-inf counts).
+HIPMLA_DEVICE unsigned max_bf16_magnitude(unsigned m, unsigned w) {
+    unsigned lo = w & 0x7fffu, hi = (w >> 16) & 0x7fffu;
+    lo = lo > 0x7f80u ? 0u : lo;
+    hi = hi > 0x7f80u ? 0u : hi;
+    m = lo > m ? lo : m;
+    return hi > m ? hi : m;
 }
 
-// One row of Q (16 heads x 576 bf16, head-major, in shared memory) quantized in place as
-// the Q precision QP asks (config.h codes): FORMAT_FP8 MXFP8 (e4m3fnuz with FNUZ, else
-// e4m3fn), FORMAT_MXFP4 MXFP4, FORMAT_BF16 nothing. Block b (MX_BLOCK consecutive values
-// of one head) goes to thread b mod THREADS; the caller syncs before (Q landed) and after.
-// The one quantization of the kernels that take quantized Q as bf16 values (split.hip,
-// split_sm90.hip): the emulator's quantize_q.
+// One row of Q (HEADS x D_QK bf16 in shared memory, head-major) quantized in place as the Q
+// precision QP asks (config.h codes): FORMAT_FP8 MXFP8 (e4m3fnuz with FNUZ, else e4m3fn),
+// FORMAT_MXFP4 MXFP4, FORMAT_BF16 nothing. Each MX_BLOCK values get an E8M0 scale (OCP
+// floor rule: mx_block_exponent of the block's largest magnitude), each value is rounded
+// to the element grid (mx_round_element) and stored back as bf16 -- exact, unless
+// |value| < 2^-126 (only when amax < 2^-117). The emulator's quantize_q.
+// Work: 4 values a task, 8 tasks a block, spread over the threads, so every thread has the
+// same share (one block a thread left a second round to 32 of 256 threads: on the H100 the
+// sm_90 kernel's items took ~6 us longer with quantized Q). Each task reads its whole
+// block for the scale (8 readers of the same 64 bytes), then, after a barrier, rounds and
+// writes its 4 values. The caller syncs before (Q landed) and after (Q read).
+template <class F, int THREADS>
+HIPMLA_DEVICE void mx_quantize_q_row_as(unsigned short* q, int tid) {
+    constexpr int PER = 4;                              // values a task
+    constexpr int TASKS = HEADS * D_QK / PER;
+    constexpr int ROUNDS = (TASKS + THREADS - 1) / THREADS;
+    static_assert(MX_BLOCK % PER == 0 && (HEADS * D_QK) % MX_BLOCK == 0, "whole tasks, whole blocks");
+    int e[ROUNDS];
+#pragma unroll
+    for (int r = 0; r < ROUNDS; ++r) {
+        const int i = tid + r * THREADS;
+        e[r] = 0;
+        if (i < TASKS) {
+            const u32x4* blk = reinterpret_cast<const u32x4*>(q + i / (MX_BLOCK / PER) * MX_BLOCK);
+            unsigned m = 0;
+#pragma unroll
+            for (int k = 0; k < MX_BLOCK / 8; ++k) {
+                const u32x4 v = blk[k];
+                m = max_bf16_magnitude(max_bf16_magnitude(m, v.x), v.y);
+                m = max_bf16_magnitude(max_bf16_magnitude(m, v.z), v.w);
+            }
+            e[r] = mx_block_exponent(bf16_to_f32(m), F::emax);
+        }
+    }
+    block_sync();  // every task read its block before any value changes
+#pragma unroll
+    for (int r = 0; r < ROUNDS; ++r) {
+        const int i = tid + r * THREADS;
+        if (i < TASKS) {
+            u32x2* x = reinterpret_cast<u32x2*>(q + PER * i);
+            const u32x2 v = *x;
+            const float down = exp2_int(-e[r]), up = exp2_int(e[r]);
+            const unsigned w[2] = {v.x, v.y};
+            unsigned o[2];
+#pragma unroll
+            for (int k = 0; k < 2; ++k) {
+                const unsigned a = f32_to_bf16_bits(mx_round_element<F>(bf16_to_f32(w[k] & 0xffffu) * down) * up);
+                const unsigned b = f32_to_bf16_bits(mx_round_element<F>(bf16_to_f32(w[k] >> 16) * down) * up);
+                o[k] = a | (b << 16);
+            }
+            *x = u32x2{o[0], o[1]};
+        }
+    }
+}
 template <int QP, bool FNUZ, int THREADS>
 HIPMLA_DEVICE void mx_quantize_q_row_bf16(unsigned short* q, int tid) {
-    if (QP == FORMAT_BF16) return;
-    for (int b = tid; b < HEADS * D_QK / MX_BLOCK; b += THREADS) {
-        unsigned short* x = q + b * MX_BLOCK;
-        if (QP == FORMAT_MXFP4) {
-            mx_quantize_block_bf16<E2M1>(x);
-        } else if (FNUZ) {
-            mx_quantize_block_bf16<E4M3FNUZ>(x);
-        } else {
-            mx_quantize_block_bf16<E4M3FN>(x);
-        }
+    if constexpr (QP == FORMAT_MXFP4) {
+        mx_quantize_q_row_as<E2M1, THREADS>(q, tid);
+    } else if constexpr (QP == FORMAT_FP8) {
+        if constexpr (FNUZ) mx_quantize_q_row_as<E4M3FNUZ, THREADS>(q, tid);
+        else mx_quantize_q_row_as<E4M3FN, THREADS>(q, tid);
     }
 }
 
