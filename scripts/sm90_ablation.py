@@ -17,7 +17,7 @@ two of the step's items on one SM while another SM idles. --no-placement also ti
 build with the decoder's placement off (rows "NAME item=block": block i runs item i, as
 before hip_src/core/placement.h).
 
-The kernel's header quotes runs of it ("Measured", "Tried and dropped").
+hip_src/KERNELS.md ("sm_90: what was measured, tried and dropped") quotes runs of it.
 """
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 """Instruction counts of the sm_90 kernel's tile loop, from its SASS (no GPU needed).
 
 On the H200 the kernel is issue-bound and its time follows its instruction count
-(``split_sm90.hip``'s header, "Tried and dropped"), so a change to the loop is counted
+(hip_src/KERNELS.md, "sm_90: what was measured, tried and dropped"), so a change to the loop is counted
 before it is timed. This compiles each cache format's kernel with nvcc (``-arch=sm_90
 -O3``, the NVRTC build's options), disassembles it with cuobjdump and finds the tile loop:
 the backward branch whose body holds the most HMMAs. It reports the loop's length, the

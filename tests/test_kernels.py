@@ -755,7 +755,8 @@ HOST_SPECS = (all_kernels() + FAST_950 + FAST_942 +
     ("gfx950", kernels.fast_split_kernel("gfx950", "mxfp4", "bf16")),
     ("gfx942", kernels.fast_split_kernel("gfx942", "fp8", "bf16")),
     ("gfx950", split_kernel("mxfp4", "bf16")),
-    ("sm_90", kernels.sm90_split_kernel("mxfp4"))], ids=lambda x: getattr(x, "symbol", x))
+    ("sm_90", kernels.sm90_split_kernel("mxfp4")),
+    ("sm_90", kernels.sm90_split_kernel("fp8", "mxfp4"))], ids=lambda x: getattr(x, "symbol", x))
 def test_kernels_on_cpu_have_no_data_race(tmp_path, arch, spec):
     """ThreadSanitizer over a whole kernel on the CPU harness: a missing block_sync or
     wave_sync (a lane reading shared memory another thread is still writing, or the merge

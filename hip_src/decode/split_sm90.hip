@@ -70,8 +70,9 @@
 // through the ring after the last tile and leaves in 16-byte stores (8-byte for the bf16
 // output) of whole head rows. Read or written from the fragments directly they were 2- and
 // 4-byte accesses a sector each: on the H200 that cost more than the tiles of a short item
-// (see "Measured" below). The stores go through store_global: through reinterpret_cast
-// pointers NVVM split them into 4-byte stores (until 2026-12-03).
+// (KERNELS.md, "sm_90: what was measured, tried and dropped"). The stores go through
+// store_global: through reinterpret_cast pointers NVVM split them into 4-byte stores
+// (until 2026-12-03).
 // Dynamic shared memory: sizeof(Smem) = hipmla.kernels.sm90_shared_bytes(kv_format)
 // (the kernel traps if it gets less).
 //
@@ -121,107 +122,10 @@
 // 64 x 8k and 480.9 -> 469.3 at 256 x 8k, fp8 and bf16 within 0.8%. (Earlier: 498 before
 // the rope bytes were placed by two multiplies, the E8M0 loads moved ahead of the copies
 // and their multipliers made by a min and a multiply-add.)
-// Measured on the H200 (2026-12-01, Nsight Compute at c5b50de, 64 x 8k): mxfp4 138.6 us, issue
-// slots 50.8% busy, IPC 2.19, 1.1 eligible of 3.7 active warps per scheduler, per issued
-// instruction 1.63 cycles on fixed-latency dependencies, 0.75 at barriers, 0.63 on shared
-// memory / MOVM results; fp8 126.3 us, IPC 2.05, MIO throttle 0.36 (1.16 before the copies
-// were put on whole lines). Earlier (mxfp4 64 x 8k, 156 us, before the Q / O
-// staging and the copy issue beside P.V; 522 instructions a tile then): issue-bound at
-// 128 registers -- 2 blocks = 16 warps per SM (3.7 active warps per scheduler, 0.9 eligible),
-// IPC 1.98 of 4, issue slots 45% busy; per issued instruction a warp waits 1.5 cycles on
-// fixed-latency dependencies, 0.8 on shared-memory / MOVM results, 0.6 on MIO throttle, 0.6
-// on the math pipes, 0.5 on global loads and 0.45 at barriers. 4 x 1k (~31 us in every
-// format) is a latency chain: one block per item, 13 cycles per issued instruction of a
-// warp (3.1 of them at barriers, 2.4 on shared-memory results), then the merge.
-// Measured on the H200 (2026-12-01, mxfp4, L2 flushed, us at 64x8k / 256x8k / 4x1k;
-// scripts/sm90_ablation.py, which times builds with one part taken out -- their results
-// are wrong, their time is not -- scripts/results/h200-2026-12-01-sm90-ablation.txt):
-// the kernel 138.5 / 491.8 / 24.7. Without the tile loop and the merge 12.5 / 18.9 / 9.3
-// (launch ~3, the schedule, Q in, O out: before Q and O went through shared memory this
-// part was 32 / 56 / 13, the 2- and 4-byte accesses); the merge adds 5 / 8 / 5. One part
-// of the tile loop out at a time saves: the copies 12 / 47 (also the waits for memory),
-// P.V's mma 13 / 64, the two barriers 9 / 41, the 7 other warps' partial scores 7 / 32,
-// K's bit conversion 5 / 29, Q.K's mma 3 / 13, movmatrix 2 / 13 (ptxas issues the
-// transposes during Q.K and the softmax); all of the loop's work out at once (copies,
-// conversion, movmatrix, partials, both mma) 77.6 / 247.3, of which 16.6 / 27.1 is not
-// the loop. No one part dominates: the loop is a chain of phases between barriers, and
-// fp8 (18% fewer instructions) takes about as long as mxfp4.
-// Tried and dropped (H200, 2026-12-01, ab7137e, L2 flushed, scripts/results/
-// h200-2026-12-01-bench-rope-swizzle.txt): storing fp8's 4 rope chunks XOR-permuted by
-// (row >> 1) & 3 removes the rope reads' 4-way bank conflict (81% of fp8's excess shared
-// wavefronts), but each tile's copies then made their destinations from the thread index
-// (held in registers, the offsets cost ptxas 8 bytes of stack): fp8 32x8k / 64x8k /
-// 256x8k went 74.9 / 127.1 / 444.6 -> 78.8 / 135.2 / 479.9 us. The kernel is issue-bound;
-// the extra instructions cost more than the conflict did.
-// Tried and dropped (H200, 2026-12-02, against b54ba0d, L2 flushed): (1) a software-
-// pipelined loop, P.V of tile beside Q.K of tile + 1 (the tensor-core chain beside the bit
-// conversion; the ablation above had P.V's mma at 13% of the time): ptxas made the loop
-// 488 -> 525 instructions (mxfp4; fp8 437 -> 476, bf16 280 -> 316: addresses it no longer
-// kept in registers) and the large shapes ran 0.7-4% slower in every format (mxfp4 256x8k
-// 475.9 -> 492.8 us; 4x1k 20.2 -> 19.5;
-// scripts/results/h200-2026-12-02-sm90-pipelined-pv.txt). (2) The ring filled by
-// cp.async.bulk from one warp (a run of consecutive rows per copy, one mbarrier a stage):
-// fp8 2-4% faster (256x8k 438.1 -> 430.8, 64x8k 124.4 -> 120.8), bf16 2-3% at the large
-// shapes but 4x1k 19.7 -> 21.8 (its padded rows take 32 copies a tile, which the copy
-// instruction issues one lane at a time), mxfp4 slower (256x8k 479.3 -> 491.9: its per-thread
-// E8M0 path stays, and the 7 other warps ran as many instructions as before), and a cache
-// of 1-row pages 158.3 -> 213.8 us at 64x8k (32 copies a tile again);
-// scripts/results/h200-2026-12-02-sm90-bulk-copy-ring.txt. (3) Q's fragments in shared
-// memory, loaded for each tile's Q.K, to give ptxas 18 registers for the loop: it used 126
-// and issued one instruction more a tile; mxfp4 256x8k 479.9 -> 487.5 us (fp8 on 3 stages
-// too: 437.0 -> 447.8); scripts/results/h200-2026-12-02-sm90-q-shared.txt. All three agree
-// with the kernel being issue-bound on its total instruction count: time follows
-// instructions, not how the phases overlap or how many registers are free.
-// Counted and dropped (scripts/sm90_counts.py, 2026-12-02, no GPU needed): the partial
-// scores stored as 16-byte runs (red in a permuted token order, 4 stores a tile instead of
-// 8) made every format's path longer (mxfp4 404 -> 408, fp8 366 -> 372, bf16 202 -> 210:
-// the wider red rows and the permuted token of each softmax lane cost more than the
-// stores); the copy destination and the softmax's token bound kept in registers like P's
-// destination: mxfp4 +3.
-// Tried and dropped (H200, 2026-12-02, A/B against 66090b1 in one process, L2 flushed,
-// scripts/results/h200-2026-12-02-sm90-ab-mult-banks-rotate.txt): MXFP4 producer warp w
-// taking rows w, w + 8, w + 16, w + 24, so its multiplier stores fall on 32 banks rather
-// than 8 (Nsight Compute's MIO throttle had gone 0.37 -> 0.47 with mult_index): 2 more
-// instructions, 256 x 8k 466.3 -> 469.1 us; MXFP4's copies rotated onto whole lines as
-// fp8's are: 12 more instructions, 466.3 -> 471.8. Issue slots again outweigh the
-// shared-memory wavefronts.
-// Measured and not adopted (H200, 2026-12-02, scripts/sm90_wgmma_probe.py, scripts/results/
-// h200-2026-12-02-sm90-wgmma-probe.txt): the token-split design on wgmma (sm_90a) -- Q.K as
-// S^T = K' Q'^T with each warp's 16 tokens dequantized into the A registers, V stored once
-// as bf16, O^T = V^T P^T from shared memory -- issues 86.7 warp-instructions a token (this
-// kernel 108), but V (64 KiB a warpgroup), the K stages and Q fill the shared memory and
-// 255 registers allow one block anyway: 8 warps an SM, 0.59 eligible warps a scheduler,
-// L1/TEX throughput 65%; its hot loop alone took 473 us (455 with its chunk loop rolled)
-// for the bytes of 256 x 8k, this whole kernel 464.
-// The estimate (H200, 2026-12-03, scripts/sm90_mma_rate.py; scripts/sm90_counts.py --cost):
-// with 4 warps a scheduler an HMMA.16816 takes its scheduler 6.2-6.7 cycles, HMMA.1688 4.3,
-// MOVM 4.0, lop3 / shift 2.06, IMAD 2.0, bf16x2 fma 1.17, and an HMMA does not run beside
-// the others (HMMA + 4 lop3: 13.6 cycles, 6.7 + 8.3 alone). Priced so, a warp's tile issues
-// for 698-904 (mxfp4) / 665-837 (fp8 before its f16 products; 584-636 since) / 506-552
-// (bf16) cycles (ALU beside FMA-pipe work as
-// far as they overlapped there, or not at all), the tensor part (mma + transposes) 353 of
-// them; the kernel takes 822 / 793 at 256 x 8k (1.80 GHz), and the tile's bytes at 4.1 TB/s
-// leave 284 / 534 / 1068: issue holds mxfp4 to at most ~41% and fp8 to ~80% (~92% since) of
-// the read bandwidth, and the tensor part alone takes more than mxfp4's 284.
-// The f16 products measured (H200, 2026-12-04, A/B in one process, L2 flushed, read 4131
-// GB/s, scripts/results/h200-2026-12-04-sm90-ab-f16-fp8.txt): fp8 4x1k 16.7 -> 16.3 us,
-// 32x8k 71.6 -> 66.4, 64x8k 121.2 -> 111.1, 256x1k 69.7 -> 64.8, 256x8k 429.7 -> 391.0
-// (68% -> 75% of read); mxfp4 (unchanged code) within 0.3 us. Short of the model's ~92%:
-// the time no longer follows the instruction count alone (Nsight Compute, fp8 64x8k: issue
-// slots 37% busy, per issued instruction 2.47 cycles on fixed-latency dependencies, 1.50
-// on shared-memory / movmatrix results, 1.41 at barriers). Tried and dropped in the same
-// session (scripts/results/h200-2026-12-04-sm90-ab-fp8-split-chains.txt): each n-tile's Q.K
-// chain cut in two accumulators (5 dependent mma -> 2 and 3, added at the end): fp8 256x8k
-// 389.6 -> 388.6 us, 64x8k 110.7 -> 110.4, i.e. noise.
-// Tried and dropped (H200, 2026-12-03, A/B in one process, L2 flushed, all builds through
-// their self-test, sanitizer-clean; scripts/results/h200-2026-12-03-sm90-stages-vstage.txt):
-// V through each warp's own bf16 stage in shared memory (8 st.shared.v4 of the K' registers
-// after Q.K, 8 ldmatrix.x4.trans as P.V's B operands, 128-byte rows with the chunk XOR the
-// row) instead of the 32 movmatrix. The estimate said 698-904 -> 595-803 cycles (mxfp4),
-// 665-837 -> 550-722 (fp8); the kernel ran 455.8 -> 491.6 us (mxfp4 256 x 8k, both on 4
-// stages) and 437.2 -> 465.5 (fp8, 3 stages). Not profiled: the likely cost is the 64 more
-// shared-memory wavefronts a warp and tile (the issue cycles leave that pipe out) or the
-// ldmatrix latency in front of P.V.
+//
+// Measurements, ablations and the designs tried and dropped (mma.sync rates, wgmma, bulk
+// copies, V through shared memory, software pipelining ...): hip_src/KERNELS.md, "sm_90: what
+// was measured, tried and dropped".
 #include "params.h"
 #include "common/config.h"
 #include "common/numerics.h"
