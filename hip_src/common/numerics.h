@@ -122,42 +122,40 @@ HIPMLA_DEVICE unsigned max_bf16_magnitude(unsigned m, unsigned w) {
 // floor rule: mx_block_exponent of the block's largest magnitude), each value is rounded
 // to the element grid (mx_round_element) and stored back as bf16 -- exact, unless
 // |value| < 2^-126 (only when amax < 2^-117). The emulator's quantize_q.
-// Work: 4 values a task, 8 tasks a block, spread over the threads, so every thread has the
-// same share (one block a thread left a second round to 32 of 256 threads: on the H100 the
-// sm_90 kernel's items took ~6 us longer with quantized Q). Each task reads its whole
-// block for the scale (8 readers of the same 64 bytes), then, after a barrier, rounds and
-// writes its 4 values. The caller syncs before (Q landed) and after (Q read).
+// Two passes, both spread over all threads: a block's exponent per thread into `exps`
+// (shared memory the caller lends, Q_BLOCKS bytes), then, after a barrier, 4 values a task,
+// 9 tasks every thread at 256 threads. (Rounding a whole block a thread left a second
+// round of 32 values to 32 of 256 threads: on the H100 the sm_90 kernel's items took
+// 6-15 us longer with quantized Q than with bf16 Q.) The caller syncs before (Q landed)
+// and after (Q read).
+constexpr int Q_BLOCKS = HEADS * D_QK / MX_BLOCK;  // MX blocks of a row of Q
+
 template <class F, int THREADS>
-HIPMLA_DEVICE void mx_quantize_q_row_as(unsigned short* q, int tid) {
+HIPMLA_DEVICE void mx_quantize_q_row_as(unsigned short* q, signed char* exps, int tid) {
     constexpr int PER = 4;                              // values a task
     constexpr int TASKS = HEADS * D_QK / PER;
     constexpr int ROUNDS = (TASKS + THREADS - 1) / THREADS;
     static_assert(MX_BLOCK % PER == 0 && (HEADS * D_QK) % MX_BLOCK == 0, "whole tasks, whole blocks");
-    int e[ROUNDS];
+    for (int b = tid; b < Q_BLOCKS; b += THREADS) {
+        const u32x4* blk = reinterpret_cast<const u32x4*>(q + b * MX_BLOCK);
+        unsigned m = 0;
 #pragma unroll
-    for (int r = 0; r < ROUNDS; ++r) {
-        const int i = tid + r * THREADS;
-        e[r] = 0;
-        if (i < TASKS) {
-            const u32x4* blk = reinterpret_cast<const u32x4*>(q + i / (MX_BLOCK / PER) * MX_BLOCK);
-            unsigned m = 0;
-#pragma unroll
-            for (int k = 0; k < MX_BLOCK / 8; ++k) {
-                const u32x4 v = blk[k];
-                m = max_bf16_magnitude(max_bf16_magnitude(m, v.x), v.y);
-                m = max_bf16_magnitude(max_bf16_magnitude(m, v.z), v.w);
-            }
-            e[r] = mx_block_exponent(bf16_to_f32(m), F::emax);
+        for (int k = 0; k < MX_BLOCK / 8; ++k) {
+            const u32x4 v = blk[k];
+            m = max_bf16_magnitude(max_bf16_magnitude(m, v.x), v.y);
+            m = max_bf16_magnitude(max_bf16_magnitude(m, v.z), v.w);
         }
+        exps[b] = (signed char)mx_block_exponent(bf16_to_f32(m), F::emax);  // in [-127, 127]
     }
-    block_sync();  // every task read its block before any value changes
+    block_sync();
 #pragma unroll
     for (int r = 0; r < ROUNDS; ++r) {
         const int i = tid + r * THREADS;
         if (i < TASKS) {
+            const int e = exps[i / (MX_BLOCK / PER)];
             u32x2* x = reinterpret_cast<u32x2*>(q + PER * i);
             const u32x2 v = *x;
-            const float down = exp2_int(-e[r]), up = exp2_int(e[r]);
+            const float down = exp2_int(-e), up = exp2_int(e);
             const unsigned w[2] = {v.x, v.y};
             unsigned o[2];
 #pragma unroll
@@ -171,12 +169,12 @@ HIPMLA_DEVICE void mx_quantize_q_row_as(unsigned short* q, int tid) {
     }
 }
 template <int QP, bool FNUZ, int THREADS>
-HIPMLA_DEVICE void mx_quantize_q_row_bf16(unsigned short* q, int tid) {
+HIPMLA_DEVICE void mx_quantize_q_row_bf16(unsigned short* q, signed char* exps, int tid) {
     if constexpr (QP == FORMAT_MXFP4) {
-        mx_quantize_q_row_as<E2M1, THREADS>(q, tid);
+        mx_quantize_q_row_as<E2M1, THREADS>(q, exps, tid);
     } else if constexpr (QP == FORMAT_FP8) {
-        if constexpr (FNUZ) mx_quantize_q_row_as<E4M3FNUZ, THREADS>(q, tid);
-        else mx_quantize_q_row_as<E4M3FN, THREADS>(q, tid);
+        if constexpr (FNUZ) mx_quantize_q_row_as<E4M3FNUZ, THREADS>(q, exps, tid);
+        else mx_quantize_q_row_as<E4M3FN, THREADS>(q, exps, tid);
     }
 }
 

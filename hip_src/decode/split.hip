@@ -154,7 +154,9 @@ HIPMLA_DEVICE void load_q(Smem& sm, const MlaDecodeParams& p, int row) {
     }
     if (QP == FORMAT_BF16) return;
     block_sync();
-    mx_quantize_q_row_bf16<QP, FNUZ, BLOCK_THREADS>(sm.q, int(thread_index()));
+    // The tiles' KV stage is free until the first tile: it holds the blocks' exponents.
+    static_assert(sizeof(sm.kv) >= Q_BLOCKS, "the exponents fit the KV stage");
+    mx_quantize_q_row_bf16<QP, FNUZ, BLOCK_THREADS>(sm.q, reinterpret_cast<signed char*>(sm.kv), int(thread_index()));
 }
 
 // Adds this slab's part of q_h . k_j for the thread's token and 4 heads to `s`

@@ -429,8 +429,10 @@ extern "C" __global__ void __launch_bounds__(hipmla::sm90k::THREADS, 2) HIPMLA_S
     block_sync();
     // Quantized Q: the row's 18 blocks a head quantized in place (the emulator's
     // quantize_q). Their values are bf16 values, so from here on it is bf16 Q's path.
+    // P's stage (pfrag, first written by tile 0's softmax) holds the blocks' exponents.
     if (QP != FORMAT_BF16) {
-        mx_quantize_q_row_bf16<QP, false, THREADS>(sm.x.q, tid);
+        static_assert(sizeof(Smem::pfrag) >= Q_BLOCKS, "the exponents fit P's stage");
+        mx_quantize_q_row_bf16<QP, false, THREADS>(sm.x.q, reinterpret_cast<signed char*>(&sm.pfrag[0][0][0]), tid);
         block_sync();
     }
     if (F16) {  // each head's exponent (q_exponent): 16 threads a head, 36 values each
