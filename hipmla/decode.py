@@ -152,7 +152,7 @@ class Decoder:
         self.fp8_variant = fp8_variant_for(arch)
         # One kernel takes every item of a step (any length; partial tiles masked inside):
         # the arch's fast kernel for this cache format and Q where it has one (gfx950,
-        # gfx942), else the sm_90 tensor-core kernel for bf16 Q, else the portable kernel
+        # gfx942), else the sm_90 tensor-core kernel (any Q), else the portable kernel
         # (or ``kernel``, for tests and trials). One that is not the portable kernel serves
         # only once it passed its known-answer check on this arch (hipmla.selftest; the
         # verdict is kept per code object), else the portable kernel does.

@@ -14,7 +14,7 @@ On an H200 (through hipmla's HIP-on-CUDA library, like every hipmla GPU run):
     python scripts/sm90_trial.py                  # everything
     python scripts/sm90_trial.py --formats mxfp4 --no-ragged --iters 50
 
-It launches the kernel directly, not through the decoder (which runs it on sm_90 for bf16 Q),
+It launches the kernel directly, not through the decoder (which runs it on sm_90 for every Q precision),
 so the two kernels can be set side by side. ``Sm90Kernel`` is also what
 tests/test_sm90.py's GPU test launches.
 """

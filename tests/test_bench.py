@@ -131,9 +131,10 @@ def test_the_files_say_what_the_peak_is(tmp_path):
                          gbs=0.5, pct_peak=1.0, pct_copy=2.0, pct_read=None, host_us=5.0, host_views_us=6.0,
                          host_raw_us=4.0)
     info = SimpleNamespace(name="NVIDIA GH200 480GB", arch="sm_90")
-    bench.write_files([row], {}, tmp_path, info, 3000.0, 4022.8, None, "memory clock x bus width")
+    bench.write_files([row], {}, tmp_path, info, 3000.0, 4022.8, None, "memory clock x bus width", "mxfp4")
     meta = json.loads((tmp_path / "bench.json").read_text())["meta"]
     assert (meta["peak_gbs"], meta["peak_from"], meta["device"]) == (4022.8, "memory clock x bus width", info.name)
+    assert meta["q_precision"] == "mxfp4"  # the Q the rows ran with
     assert (tmp_path / "bench.csv").read_text().splitlines()[1].startswith("k,fp8,4x1k,")
 
 

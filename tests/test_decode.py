@@ -907,7 +907,8 @@ def test_sm90_takes_every_item_with_any_q(monkeypatch):
     assert amd._split.symbol == "hipmla_decode_split_gfx942_mxfp4_qbf16"  # its own fast kernel
 
 
-@pytest.mark.parametrize("arch, q_precision", [("gfx950", "fp8"), ("sm_90", "bf16"), ("sm_90", "mxfp4")])
+@pytest.mark.parametrize("arch, q_precision", [("gfx950", "fp8"), ("sm_90", "bf16"), ("sm_90", "mxfp4"),
+                                               ("gfx942", "fp8")])
 def test_emulate_models_the_decoders_own_kernel(monkeypatch, arch, q_precision):
     """Decoder.emulate is emulate_decode with this decoder's schedule, tiles and Q: the
     fast kernels' four-wave quarters (partial tiles masked), the sm_90 kernel's 32-token
@@ -922,7 +923,7 @@ def test_emulate_models_the_decoders_own_kernel(monkeypatch, arch, q_precision):
     if arch == "gfx950":
         kw |= dict(fast_schedule=FAST_SCHEDULES["gfx950"], fast_any_length=True)
     else:
-        kw |= dict(tile_tokens=32)
+        kw |= dict(tile_tokens=32 if arch == "sm_90" else 64)
     want = emulate_decode(inp.q, inp.kv, inp.layout, dec.config.sm_scale, dec.policy, **kw)
     assert np.array_equal(got[0].view(np.uint16), want[0].view(np.uint16))
     other = emulate_decode(inp.q, inp.kv, inp.layout, dec.config.sm_scale, dec.policy, q_precision=q_precision,

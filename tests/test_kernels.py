@@ -655,7 +655,7 @@ def test_fast_kernels_on_cpu_paged_is_bit_identical_to_contiguous(host_kernels, 
 
 
 @pytest.mark.parametrize("kv_format, q_precision", [(kv, "bf16") for kv in kernels.KV_FORMATS] + [
-    ("bf16", "mxfp4"), ("fp8", "fp8"), ("fp8", "mxfp4"), ("mxfp4", "fp8"), ("mxfp4", "mxfp4")])
+    ("bf16", "fp8"), ("bf16", "mxfp4"), ("fp8", "fp8"), ("fp8", "mxfp4"), ("mxfp4", "fp8"), ("mxfp4", "mxfp4")])
 def test_sm90_kernel_on_cpu_matches_emulator(host_kernels, kv_format, q_precision):
     """The sm_90 tensor-core kernel, whole, on the CPU (tests/host_sm90.h: its warp
     instructions in the PTX ISA's fragment layouts); its numerics are the emulator's with
@@ -756,7 +756,8 @@ HOST_SPECS = (all_kernels() + FAST_950 + FAST_942 +
     ("gfx942", kernels.fast_split_kernel("gfx942", "fp8", "bf16")),
     ("gfx950", split_kernel("mxfp4", "bf16")),
     ("sm_90", kernels.sm90_split_kernel("mxfp4")),
-    ("sm_90", kernels.sm90_split_kernel("fp8", "mxfp4"))], ids=lambda x: getattr(x, "symbol", x))
+    ("sm_90", kernels.sm90_split_kernel("fp8", "mxfp4")),
+    ("gfx950", split_kernel("mxfp4", "fp8"))], ids=lambda x: getattr(x, "symbol", x))
 def test_kernels_on_cpu_have_no_data_race(tmp_path, arch, spec):
     """ThreadSanitizer over a whole kernel on the CPU harness: a missing block_sync or
     wave_sync (a lane reading shared memory another thread is still writing, or the merge

@@ -19,7 +19,7 @@ from hipmla.bench.host import fresh_views, host_figures, host_reference_us
 from hipmla.bench.peer import torch_peer
 from hipmla.bench.probes import Timer, datasheet_peak_gbs, git_commit, read_gbs
 from hipmla.bench.steps import bytes_moved, lens_step, ragged_mixes
-from hipmla.decode import Decoder
+from hipmla.decode import Decoder, resolve_q_precision
 from hipmla.inputs import BENCH_SM_SCALE, benchmark_shapes, random_cache
 from hipmla.schedule import schedule
 
@@ -56,6 +56,7 @@ def run_bench(formats, iters: int, device: int, with_torch: bool, out_dir: Path 
     copy_gbs = timer.copy_gbs()
     read = read_gbs()
     peak, peak_from = datasheet_peak_gbs(info.name, info.arch, info.peak_bandwidth_gbs)
+    q_precision = resolve_q_precision(q_precision, info.arch, "mxfp4")  # auto: bf16 for every format
     layout_name = f"paged, {page_size} rows a page, pages in random order" if page_size else "contiguous rows"
     print(f"hipmla bench: {info.name} ({info.arch}, {info.num_cus} CUs), peak {peak:.0f} GB/s "
           f"({peak_from}), measured device copy {copy_gbs:.0f} GB/s, read "
@@ -110,7 +111,7 @@ def run_bench(formats, iters: int, device: int, with_torch: bool, out_dir: Path 
         dec.close()
     print_table(rows, peer)
     if out_dir is not None:
-        write_files(rows, peer, out_dir, info, copy_gbs, peak, read, peak_from)
+        write_files(rows, peer, out_dir, info, copy_gbs, peak, read, peak_from, q_precision)
     return rows
 
 
@@ -130,11 +131,11 @@ def print_table(rows: list[BenchRow], peer: dict[str, float]) -> None:
 
 
 def write_files(rows, peer, out_dir: Path, info, copy_gbs: float, peak: float, read: float | None = None,
-                peak_from: str = "datasheet") -> None:
+                peak_from: str = "datasheet", q_precision: str = "bf16") -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
     meta = {"date": time.strftime("%Y-%m-%d"), "device": info.name, "arch": info.arch,
             "commit": git_commit(), "peak_gbs": peak, "peak_from": peak_from, "copy_gbs": copy_gbs, "read_gbs": read,
-            "torch_bf16_us": peer}
+            "q_precision": q_precision, "torch_bf16_us": peer}
     (out_dir / "bench.json").write_text(json.dumps({"meta": meta, "rows": [asdict(r) for r in rows]}, indent=1))
     with open(out_dir / "bench.csv", "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(asdict(rows[0]).keys()))
