@@ -53,13 +53,19 @@ def mla_decode_reference(
     seqs=None,
     d_v: int = D_V,
     qo_indptr=None,
-) -> tuple[np.ndarray, np.ndarray]:
+    magnitude: bool = False,
+) -> tuple[np.ndarray, ...]:
     """Exact decode. Returns ``out (n, h_q, d_v)`` float32 and ``lse (n, h_q)`` float32
     (natural log) for the query tokens of the sequences ``seqs`` (default: all; n = batch
     with one query token per sequence). ``layout`` is a :class:`hipmla.paging.KvLayout`
     (a page table) or a host ``kv_indptr`` (contiguous rows). ``qo_indptr`` (host, ``batch
     + 1``): sequence s's query tokens are q rows ``qo_indptr[s] ..``, causal within the
-    step (``hipmla.queries``); their rows of ``out`` follow in sequence order."""
+    step (``hipmla.queries``); their rows of ``out`` follow in sequence order.
+
+    ``magnitude=True`` appends ``mag (n, h_q, d_v)``: the same weights over ``|V|``, i.e.
+    sum_t p_t |v_t| / sum_t p_t >= |out|. An error that is relative in each weight (a
+    kernel's P rounded to bf16: 2^-9 each) moves an output by up to about that much times
+    ``mag``, however much the signed terms cancel in ``out``: the scale for a tolerance."""
     from hipmla.paging import as_layout
     from hipmla.queries import check_causal, check_qo_indptr, q_lens, visible
 
@@ -88,6 +94,7 @@ def mla_decode_reference(
     tokens = np.concatenate([np.arange(qo[b], qo[b + 1]) for b in sel]) if sel.size else np.zeros(0, np.int64)
     out = np.zeros((tokens.size, heads, d_v), dtype=np.float32)
     lse = np.full((tokens.size, heads), -np.inf, dtype=np.float32)
+    mag = np.zeros_like(out) if magnitude else None
     i = 0
     for b in sel:
         rows = layout.rows(int(b))
@@ -103,8 +110,10 @@ def mla_decode_reference(
                 denom = e.sum(axis=1, keepdims=True)
                 out[i] = (e @ k[:, :d_v]) / denom
                 lse[i] = (m + np.log(denom))[:, 0]
+                if mag is not None:
+                    mag[i] = (e @ np.abs(k[:, :d_v])) / denom
             i += 1
-    return out, lse
+    return (out, lse, mag) if magnitude else (out, lse)
 
 
 def check_seqs(seqs, name: str = "seqs") -> np.ndarray:

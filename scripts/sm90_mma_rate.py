@@ -14,7 +14,7 @@ is a warp's quarter of the instruction), and the SM clock (clock64 against %glob
 ``scripts/sm90_counts.py --cost`` prices the kernel's tile loop with these figures (its
 ISSUE_CYCLES).
 
-    python3 scripts/sm90_mma_rate.py [--iters 4096]
+    python3 scripts/sm90_mma_rate.py [--iters 4096] [--op 3 ...]
 
 Measured on the H200 (2026-12-03, scripts/results/h200-2026-12-03-sm90-mma-rate.txt), cycles
 of a scheduler a warp-instruction with 4 warps a scheduler (clock64 over each SM's span;
@@ -77,6 +77,8 @@ def source() -> str:
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--iters", type=int, default=4096)
+    ap.add_argument("--op", type=int, action="append", choices=sorted(OPS),
+                    help="run only the cases of this tensor instruction (repeatable; default: all)")
     args = ap.parse_args(argv)
     info = runtime.device_info()
     sms = info.num_cus
@@ -94,7 +96,10 @@ def main(argv: list[str]) -> int:
         (1, 4, (0, 0), (0, 0), 2), (1, 4, (4, 0), (0, 0), 2),
         (2, 4, (0, 0), (0, 0), 2), (2, 8, (0, 0), (0, 0), 2), (2, 4, (4, 0), (0, 0), 2), (2, 4, (8, 0), (0, 0), 2),
         (2, 4, (8, 3), (0, 0), 2), (2, 4, (8, 5), (0, 0), 2), (2, 4, (4, 4), (0, 0), 2), (2, 4, (4, 0), (4, 3), 2),
-        (3, 4, (0, 0), (0, 0), 2)]
+        (3, 4, (0, 0), (0, 0), 2), (3, 8, (0, 0), (0, 0), 2), (3, 4, (4, 0), (0, 0), 2), (3, 4, (8, 0), (0, 0), 2),
+        (3, 4, (8, 5), (0, 0), 2), (3, 4, (8, 1), (0, 0), 2)]
+    if args.op:
+        cases = [c for c in cases if c[0] in args.op]
     print(f"{'instruction':>20} {'chains':>6} {'extra':>20} {'blocks/SM':>9} {'us':>8} {'TFLOP/s':>8} {'cycles/round/scheduler':>22} {'GHz':>6}")
     for op, chains, (alu, kind), (alu2, kind2), per_sm in cases:
         code = runtime.compile_source(src, SYMBOL, "sm_90a", [f"-DRATE_OP={op}", f"-DRATE_CHAINS={chains}",

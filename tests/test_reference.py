@@ -176,3 +176,42 @@ def test_kv_and_scale_errors(small):
             mla_decode_reference(small.q, small.kv, small.kv_indptr, bad)
     with pytest.raises(TypeError, match=r"sm_scale: "):
         mla_decode_reference(small.q, small.kv, small.kv_indptr, None)
+
+
+def test_magnitude_bounds_the_output_and_equals_it_for_nonnegative_v():
+    inp = make_inputs([5, 0, 9], "mxfp4", seed=13, heads=2, sm_scale=SM_SCALE)
+    out, lse, mag = mla_decode_reference(inp.q, inp.kv, inp.kv_indptr, SM_SCALE, magnitude=True)
+    assert mag.shape == out.shape and mag.dtype == np.float32
+    assert (mag >= np.abs(out) - 1e-6).all() and (mag > np.abs(out) + 1e-3).any()
+    assert (mag[1] == 0).all()
+    rows = np.abs(inp.kv.dequantize())
+    kv = quantize_kv(rows, "bf16")
+    out, _, mag = mla_decode_reference(inp.q, kv, inp.kv_indptr, SM_SCALE, magnitude=True)
+    np.testing.assert_allclose(mag, out, rtol=1e-6)
+
+
+def test_the_rounding_of_p_scales_with_magnitude_not_with_the_output():
+    """Two heavy tokens whose V cancel: the kernels' bf16 P (the emulator's numerics) moves
+    the output far past REFERENCE_TOL * (1 + |ref|) and stays within REFERENCE_TOL * (1 +
+    magnitude): why the checks against exact attention take ``magnitude`` as their scale."""
+    from hipmla.cli import REFERENCE_TOL, compare
+    from hipmla.emulate import emulate_decode
+    from hipmla.schedule import SplitPolicy
+
+    rows = np.zeros((2, 576), np.float32)
+    rows[1, 512] = -3.0              # score of token 1: -3 * sm_scale below token 0's
+    p1 = math.exp(-3.0 * SM_SCALE)   # its exact weight, not a bf16 value
+    rows[0, :512] = 100.0
+    rows[1, :512] = -100.0 / p1      # exact attention: out ~ 0
+    kv = quantize_kv(rows, "bf16")
+    q = np.zeros((1, 16, 576), np.float32)
+    q[:, :, 512] = 1.0
+    indptr = np.array([0, 2])
+    ref_out, ref_lse, ref_mag = mla_decode_reference(q, kv, indptr, SM_SCALE, magnitude=True)
+    emu_out, emu_lse = emulate_decode(q.astype(ml_dtypes.bfloat16), kv, indptr, SM_SCALE, SplitPolicy.for_device(132))
+    err = np.abs(np.asarray(emu_out, np.float32) - ref_out)
+    tol = REFERENCE_TOL["bf16"]
+    assert (err > tol * (1 + np.abs(ref_out))).all()
+    assert (err <= tol * (1 + ref_mag)).all() and (err <= 2 ** -8 * ref_mag).all()
+    assert compare(emu_out, emu_lse, ref_out, ref_lse, tol)[2] == 1.0
+    assert compare(emu_out, emu_lse, ref_out, ref_lse, tol, ref_mag)[2] == 0.0

@@ -514,9 +514,12 @@ def _gpu_ragged_paged_batches(kv_format: str, q_precision: str, configs: list, s
         if q_precision != "bf16":
             continue  # quantized Q: the emulator is the check (on these caches' peaked softmax
             # the quantization of Q alone moves outputs past REFERENCE_TOL: mxfp4 Q by up to 10)
-        ref_out, ref_lse = mla_decode_reference(q, pool, layout, sm_scale, seqs=seqs)
+        # Relative to sum p|v| / l, not |ref|: on the H200 (2026-12-06) mxfp4 config 2 came
+        # 6.4e-2 off exact attention where two heavy tokens' V cancel (|ref| 0.16), as the
+        # emulator does (6.398e-2 as well): P's bf16 rounding, not the kernel.
+        ref_out, ref_lse, ref_mag = mla_decode_reference(q, pool, layout, sm_scale, seqs=seqs, magnitude=True)
         err = np.abs(np.asarray(out[seqs], np.float32) - ref_out)
-        assert (err <= REFERENCE_TOL["bf16"] * (1 + np.abs(ref_out))).all(), \
+        assert (err <= REFERENCE_TOL["bf16"] * (1 + ref_mag)).all(), \
             f"{what}: worst error vs reference {err.max():.3e}"
 
 
