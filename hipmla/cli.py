@@ -15,7 +15,8 @@ from hipmla.formats import KV_FORMATS
 from hipmla.inputs import benchmark_shapes, make_sampled_inputs
 from hipmla.reference import mla_decode_reference
 
-#: Loose tolerance against exact attention, per Q precision: |out - ref| <= tol * (1 + |ref|).
+#: Loose tolerance against exact attention, per Q precision: |out - ref| <= tol * (1 + mag),
+#: mag = sum p |v| / l (mla_decode_reference(magnitude=True)), the scale of P's rounding.
 #: bf16 Q: P in bf16 and the bf16 output dominate (~0.1% of scale); fp8 and mxfp4 Q add
 #: their own quantization error (see README, "Numerics").
 REFERENCE_TOL = {"bf16": 2e-2, "fp8": 8e-2, "mxfp4": 0.4}
