@@ -327,8 +327,9 @@ class Rig:
         ``seqs``; raises AssertionError beyond the GPU tests' bounds."""
         emu_out, emu_lse = self.dec.emulate(self.q_host, self.pool, layout, seqs=seqs)
         assert_close_to_emulator(out[seqs], lse[seqs], emu_out, emu_lse, what)
-        ref_out, ref_lse = mla_decode_reference(self.q_host, self.pool, layout, self.dec.config.sm_scale, seqs=seqs)
-        assert_close_to_reference(out[seqs], lse[seqs], ref_out, ref_lse, what, self.dec.config.q_precision)
+        ref_out, ref_lse, ref_mag = mla_decode_reference(self.q_host, self.pool, layout, self.dec.config.sm_scale,
+                                                         seqs=seqs, magnitude=True)
+        assert_close_to_reference(out[seqs], lse[seqs], ref_out, ref_lse, ref_mag, what, self.dec.config.q_precision)
         o, e = out[seqs].astype(np.float32), emu_out.astype(np.float32)
         return {"seqs": seqs.tolist(), "lens": layout.seq_lens()[seqs].tolist(),
                 "emu_max_abs_over_scale": float(np.abs(o - e).max(initial=0)) / (float(np.abs(e).max(initial=0)) or 1),

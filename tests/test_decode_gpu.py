@@ -57,18 +57,15 @@ def assert_close_to_emulator(out, lse, emu_out, emu_lse, what: str):
     assert float(lerr.max(initial=0)) <= EMU_LSE_ATOL, f"{what}: LSE off by {float(lerr.max()):.3e}"
 
 
-def assert_close_to_reference(out, lse, ref_out, ref_lse, what: str, q_precision: str = "bf16", ref_mag=None):
+def assert_close_to_reference(out, lse, ref_out, ref_lse, ref_mag, what: str, q_precision: str = "bf16"):
     """Within REFERENCE_TOL of exact attention, relative to 1 + sum p|v| / l (``ref_mag``,
-    the scale of P's rounding error; |ref| where not given)."""
+    mla_decode_reference(magnitude=True): the scale of P's rounding error)."""
     tol = REFERENCE_TOL[q_precision]
     err = np.abs(np.asarray(out, np.float32) - ref_out)
-    scale = np.abs(ref_out) if ref_mag is None else ref_mag
-    assert (err <= tol * (1 + scale)).all(), f"{what}: worst error vs reference {err.max():.3e}"
+    assert (err <= tol * (1 + ref_mag)).all(), f"{what}: worst error vs reference {err.max():.3e}"
     fin = np.isfinite(ref_lse)
     assert (np.isneginf(lse) == ~fin).all(), f"{what}: empty-sequence LSE not -inf"
     assert np.abs(lse[fin] - ref_lse[fin]).max(initial=0) <= tol * 4, f"{what}: LSE far from reference"
-
-
 
 
 @pytest.fixture(scope="module")
@@ -91,7 +88,7 @@ def check(dec: decode.Decoder, out, lse, q, kv, layout, seqs, what: str):
     emu_out, emu_lse = dec.emulate(q, kv, layout, seqs=seqs)
     assert_close_to_emulator(out[seqs], lse[seqs], emu_out, emu_lse, what)
     ref_out, ref_lse, ref_mag = mla_decode_reference(q, kv, layout, dec.config.sm_scale, seqs=seqs, magnitude=True)
-    assert_close_to_reference(out[seqs], lse[seqs], ref_out, ref_lse, what, dec.config.q_precision, ref_mag)
+    assert_close_to_reference(out[seqs], lse[seqs], ref_out, ref_lse, ref_mag, what, dec.config.q_precision)
 
 
 # ----------------------------------------------------------------------------- shapes
@@ -447,8 +444,8 @@ def test_several_query_tokens_and_heads(kv_format, heads):
         emu_out, emu_lse = dec.emulate(q, pool, layout, qo_indptr=qo)
         what = f"{kv_format} {heads} heads, q_len {q_lens.tolist()}"
         assert_close_to_emulator(out, lse, emu_out, emu_lse, what)
-        ref_out, ref_lse = mla_decode_reference(q, pool, layout, SM_SCALE, qo_indptr=qo)
-        assert_close_to_reference(out, lse, ref_out, ref_lse, what)
+        ref_out, ref_lse, ref_mag = mla_decode_reference(q, pool, layout, SM_SCALE, qo_indptr=qo, magnitude=True)
+        assert_close_to_reference(out, lse, ref_out, ref_lse, ref_mag, what)
         # The causal boundary: sequence 1 has 8 kv tokens and 8 query tokens; its first
         # query token sees kv token 0 alone, so its output is that token's V.
         v0 = pool.dequantize(layout.rows(1, 0, 1))[0, :512]
@@ -523,9 +520,9 @@ def test_fewer_kv_than_query_tokens_on_the_device_gives_nan_and_an_error():
         assert np.isfinite(out[good]).all()
         # The other sequences, as a valid step of their own, by the exact reference.
         kv_sub = take_rows(kv, np.concatenate([layout.rows(0), layout.rows(2)]))
-        ref_out, ref_lse = mla_decode_reference(q[good], kv_sub, KvLayout.contiguous(lens[[0, 2]]), SM_SCALE,
-                                                qo_indptr=np.array([0, 2, 3]))
-        assert_close_to_reference(out[good], lse[good], ref_out, ref_lse, "rows beside a short sequence")
+        ref_out, ref_lse, ref_mag = mla_decode_reference(q[good], kv_sub, KvLayout.contiguous(lens[[0, 2]]), SM_SCALE,
+                                                         qo_indptr=np.array([0, 2, 3]), magnitude=True)
+        assert_close_to_reference(out[good], lse[good], ref_out, ref_lse, ref_mag, "rows beside a short sequence")
     finally:
         for a in list(dev.values()) + [d_out, d_lse]:
             a.free()
