@@ -209,15 +209,16 @@ def sample_seqs(batch: int, sample: int | None) -> np.ndarray:
     return np.unique(np.linspace(0, batch - 1, sample).round().astype(np.int64))
 
 
-def compare(out, lse, ref_out, ref_lse, tol: float, ref_mag=None) -> tuple[float, float, float, float]:
-    """``(max_abs, max_rel, frac_bad, lse_max_abs)``; an output is bad past ``tol * (1 +
-    ref_mag)`` (``ref_mag``: the reference's ``magnitude``, sum p |v| / l; default |ref|,
-    which cancellation makes too tight a scale for the rounding of P); NaN or Inf in
-    ``out`` counts as bad, and an LSE that is -inf on one side only is an infinite error."""
+def compare(out, lse, ref_out, ref_lse, ref_mag, tol: float) -> tuple[float, float, float, float]:
+    """``(max_abs, max_rel, frac_bad, lse_max_abs)`` against ``mla_decode_reference(...,
+    magnitude=True)``'s three arrays; an output is bad past ``tol * (1 + ref_mag)`` (sum p
+    |v| / l: |ref| is too tight a scale for the rounding of P where the terms cancel); NaN
+    or Inf in ``out`` counts as bad, and an LSE that is -inf on one side only is an
+    infinite error."""
     o = np.asarray(out, dtype=np.float32)
     err = np.abs(o - ref_out)
     scale = float(np.abs(ref_out).max(initial=0)) or 1.0
-    bad = ~(err <= tol * (1 + (np.abs(ref_out) if ref_mag is None else ref_mag)))
+    bad = ~(err <= tol * (1 + ref_mag))
     both_inf = np.isneginf(lse) & np.isneginf(ref_lse)
     with np.errstate(invalid="ignore"):
         lse_err = np.where(both_inf, 0.0, np.abs(np.asarray(lse, np.float64) - ref_lse))
@@ -352,7 +353,7 @@ def cmd_check(args) -> int:
         ref_out, ref_lse, ref_mag = mla_decode_reference(inputs.q, inputs.kv, inputs.layout, inputs.sm_scale,
                                                          qo_indptr=inputs.qo_indptr, magnitude=True)
         row = CheckRow(shape.name + shape_tag, fmt, backend.label, q, len(seqs),
-                       *compare(out, lse, ref_out, ref_lse, REFERENCE_TOL[q], ref_mag), seconds, LSE_TOL[q])
+                       *compare(out, lse, ref_out, ref_lse, ref_mag, REFERENCE_TOL[q]), seconds, LSE_TOL[q])
         failures += not row.ok
         end_status()
         print(row.line(), flush=True)

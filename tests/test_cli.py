@@ -256,7 +256,7 @@ def test_compare_counts_out_of_tolerance_elements():
     ref = np.array([[1.0, 2.0, -1.0, 0.0]], np.float32)
     out = ref + np.array([[0.0, 0.5, 0.0, 0.001]], np.float32)
     lse = np.array([1.0], np.float32)
-    max_abs, max_rel, frac, lse_err = cli.compare(out, lse, ref, np.array([1.0]), tol=0.01)
+    max_abs, max_rel, frac, lse_err = cli.compare(out, lse, ref, np.array([1.0]), np.abs(ref), tol=0.01)
     assert max_abs == pytest.approx(0.5)
     assert max_rel == pytest.approx(0.25)
     assert frac == pytest.approx(0.25)
@@ -266,7 +266,7 @@ def test_compare_counts_out_of_tolerance_elements():
 def test_compare_counts_nan_as_bad_and_one_sided_empty_lse_as_infinite():
     ref = np.zeros((1, 4), np.float32)
     out = np.array([[0, np.nan, 0, 0]], np.float32)
-    _, _, frac, lse_err = cli.compare(out, np.array([-np.inf, 1.0]), ref, np.array([-np.inf, -np.inf]), tol=0.01)
+    _, _, frac, lse_err = cli.compare(out, np.array([-np.inf, 1.0]), ref, np.array([-np.inf, -np.inf]), ref, tol=0.01)
     assert frac == pytest.approx(0.25) and lse_err == np.inf
     row = cli.CheckRow("4x1k", "bf16", "host", "bf16", 1, 0, 0, 0, float("nan"), 0, 1e-3)
     assert not row.ok and row.line().endswith("FAIL(lse)")
