@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 from concurrent.futures import ThreadPoolExecutor
@@ -216,6 +217,19 @@ def random_seq_lens(rng: np.random.Generator, max_batch: int = 300, max_len: int
     return lens.astype(np.int64)
 
 
+_CHUNK_ROWS = 1024
+
+
+@functools.cache
+def _bf16_code_map() -> np.ndarray:
+    """random_cache's bf16 values from 16 random bits: sign and mantissa kept, the exponent
+    field set to -4 .. 2 from bits 7-14 (mod 7). A table of all 65,536, so a
+    cache of millions of rows is one gather (the element-wise form took ~8 passes and
+    several cache-sized temporaries: 28 s for 2.3M rows on a 2-core host, now 15)."""
+    x = np.arange(1 << 16, dtype=np.uint32)
+    return ((x & 0x807F) | ((127 - 4 + ((x >> 7) & 0xFF) % 7) << 7)).astype(np.uint16)
+
+
 def random_cache(rows: int, kv_format: str, rng: np.random.Generator, *,
                  fp8_variant: str = "e4m3fn", scale_stride: int | None = None) -> KVCache:
     """A cache of random *codes* rather than quantized N(0,1) data: every E2M1/e4m3 code
@@ -226,8 +240,11 @@ def random_cache(rows: int, kv_format: str, rng: np.random.Generator, *,
     check_choice(kv_format, "kv_format", KV_FORMATS)
     if kv_format == "bf16":
         raw = np.frombuffer(rng.bytes(rows * D_QK * 2), dtype=np.uint16).reshape(rows, D_QK)
-        exponent = (127 - 4 + ((raw >> 7) & 0xFF) % 7).astype(np.uint16) << 7
-        return KVCache("bf16", (raw & np.uint16(0x807F)) | exponent)
+        data = np.empty_like(raw)
+        lut = _bf16_code_map()
+        for start in range(0, rows, _CHUNK_ROWS):  # one pass, no cache-sized temporaries
+            np.take(lut, raw[start:start + _CHUNK_ROWS], out=data[start:start + _CHUNK_ROWS])
+        return KVCache("bf16", data)
     if kv_format == "fp8":
         data = np.frombuffer(rng.bytes(rows * D_QK), dtype=np.uint8).reshape(rows, D_QK).copy()
         nan = 0x80 if fp8_variant == "e4m3fnuz" else 0x7F

@@ -6,7 +6,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from hipmla.inputs import BENCH_SM_SCALE, benchmark_shapes, make_inputs, make_sampled_inputs, random_seq_lens
+from hipmla.inputs import BENCH_SM_SCALE, benchmark_shapes, make_inputs, make_sampled_inputs, random_cache, random_seq_lens
 
 
 def test_benchmark_shapes():
@@ -162,3 +162,27 @@ def test_spread_sample_takes_the_ends_the_longest_and_an_empty_one():
     from hipmla.inputs import spread_sample
 
     assert list(spread_sample(np.array([5, 0, 7, 99, 3, 4, 1, 0, 2]), 3)) == [0, 1, 3, 4, 8]
+
+
+@pytest.mark.parametrize("rows", [0, 1, 1025, 3000])  # around random_cache's 1024-row chunks
+def test_random_cache_codes(rows):
+    """Seeded, every row filled, and the value ranges its docstring promises: bf16 of
+    magnitude 2^-4 .. 2^3 with both signs, every exponent and random mantissas; fp8 without
+    NaN codes; MXFP4 block scales 2^-8 .. 2^2."""
+    caches = {fmt: random_cache(rows, fmt, np.random.default_rng(9)) for fmt in ("bf16", "fp8", "mxfp4")}
+    for fmt, kv in caches.items():
+        again = random_cache(rows, fmt, np.random.default_rng(9))
+        assert np.array_equal(kv.data, again.data), f"{fmt}: not reproducible from its seed"
+        vals = kv.dequantize()
+        assert vals.shape == (rows, 576) and np.isfinite(vals).all(), fmt
+    bits = caches["bf16"].data
+    mag = np.abs(caches["bf16"].data.view(ml_dtypes.bfloat16).astype(np.float32))
+    assert ((mag >= 2.0 ** -4) & (mag < 2.0 ** 3)).all()
+    if rows >= 1025:
+        assert set(np.unique((bits >> 7) & 0xFF).tolist()) == set(range(123, 130))  # every exponent
+        assert 0.45 < float((bits >> 15).mean()) < 0.55  # both signs
+        assert len(np.unique(bits & 0x7F)) == 128  # every mantissa
+        assert not (bits[1024] == bits[0]).all()  # chunks are not copies
+    scales = caches["mxfp4"].scales[:, :18].astype(int) - 127
+    assert ((scales >= -8) & (scales <= 2)).all()
+    assert not ((caches["fp8"].data & 0x7F) == 0x7F).any()
