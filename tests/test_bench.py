@@ -163,3 +163,16 @@ def test_mtp_flops_counts_both_products_of_every_score():
 
     assert mtp_flops(16, 10) == 2 * 16 * 10 * (576 + 512)
     assert (128, 1) in MTP_CASES and (16, 4) in MTP_CASES
+
+
+def test_the_commit_measured(monkeypatch):
+    """$HIPMLA_COMMIT wins (a copy without git metadata); else git's short hash, marked
+    -dirty where the tracked files differ from it."""
+    import re
+
+    from hipmla.bench.probes import git_commit
+
+    monkeypatch.setenv("HIPMLA_COMMIT", "abc1234")
+    assert git_commit() == "abc1234"
+    monkeypatch.delenv("HIPMLA_COMMIT")
+    assert re.fullmatch(r"[0-9a-f]{7,40}(-dirty)?|unknown", git_commit())

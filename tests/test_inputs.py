@@ -6,7 +6,8 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from hipmla.inputs import BENCH_SM_SCALE, benchmark_shapes, make_inputs, make_sampled_inputs, random_cache, random_seq_lens
+from hipmla.inputs import (BENCH_SM_SCALE, benchmark_shapes, make_inputs, make_sampled_inputs, random_cache,
+                           random_seq_lens)
 
 
 def test_benchmark_shapes():

@@ -127,11 +127,13 @@ def matmul_tflops(n: int = 8192, iters: int = 10) -> float | None:
 
 
 def git_commit() -> str:
-    """The commit being measured: $HIPMLA_COMMIT (for copies without .git), else git's."""
+    """The commit being measured: $HIPMLA_COMMIT (for copies without .git), else git's,
+    with "-dirty" where tracked files differ from it (a copy whose git metadata lags its
+    files says so instead of naming a commit it does not hold)."""
     if os.environ.get("HIPMLA_COMMIT"):
         return os.environ["HIPMLA_COMMIT"]
     try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+        return subprocess.run(["git", "describe", "--always", "--dirty", "--abbrev=7"], capture_output=True, text=True,
                               cwd=Path(__file__).parent, timeout=10).stdout.strip() or "unknown"
     except (OSError, subprocess.TimeoutExpired):
         return "unknown"
