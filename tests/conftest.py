@@ -2,8 +2,17 @@
 others build their decoders without the kernel self-test."""
 
 import functools
+import os
 
-import pytest
+# Under pytest-xdist each worker is a process with a BLAS (and torch) thread pool as wide as
+# the machine: 14 workers on 16 cores start 14 such pools, whose threads spin against each
+# other and the workers' element-wise numpy. One thread a worker, set before numpy loads
+# (no plugin loads it before this file; a variable already set is kept).
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ.setdefault(_var, "1")
+
+import pytest  # noqa: E402
 
 
 @functools.lru_cache(maxsize=1)
