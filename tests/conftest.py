@@ -6,8 +6,10 @@ import os
 
 # Under pytest-xdist each worker is a process with a BLAS (and torch) thread pool as wide as
 # the machine: 14 workers on 16 cores start 14 such pools, whose threads spin against each
-# other and the workers' element-wise numpy. One thread a worker, set before numpy loads
-# (no plugin loads it before this file; a variable already set is kept).
+# other and the workers' element-wise numpy (on a 2-core host, two processes of the ragged
+# tests' float64 products and casts ran 2.1x slower with 2 BLAS threads each than with 1).
+# One thread a worker, set before numpy loads and reads it (pytest and xdist do not load
+# numpy before this file; a variable already set is kept).
 if os.environ.get("PYTEST_XDIST_WORKER"):
     for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
         os.environ.setdefault(_var, "1")
