@@ -168,8 +168,8 @@ def test_spread_sample_takes_the_ends_the_longest_and_an_empty_one():
 @pytest.mark.parametrize("rows", [0, 1, 1025, 3000])  # around random_cache's 1024-row chunks
 def test_random_cache_codes(rows):
     """Seeded, every row filled, and the value ranges its docstring promises: bf16 of
-    magnitude 2^-4 .. 2^3 with both signs, every exponent and random mantissas; fp8 without
-    NaN codes; MXFP4 block scales 2^-8 .. 2^2."""
+    magnitude 2^-4 .. 2^3 with both signs, every exponent and random mantissas; fp8 with
+    every code but the variant's NaN; MXFP4 block scales 2^-8 .. 2^2."""
     caches = {fmt: random_cache(rows, fmt, np.random.default_rng(9)) for fmt in ("bf16", "fp8", "mxfp4")}
     for fmt, kv in caches.items():
         again = random_cache(rows, fmt, np.random.default_rng(9))
@@ -187,3 +187,8 @@ def test_random_cache_codes(rows):
     scales = caches["mxfp4"].scales[:, :18].astype(int) - 127
     assert ((scales >= -8) & (scales <= 2)).all()
     assert not ((caches["fp8"].data & 0x7F) == 0x7F).any()
+    fnuz_cache = random_cache(rows, "fp8", np.random.default_rng(9), fp8_variant="e4m3fnuz")
+    fnuz = fnuz_cache.data
+    assert not (fnuz == 0x80).any() and np.isfinite(fnuz_cache.dequantize()).all()
+    if rows >= 1025:
+        assert len(np.unique(fnuz)) == 255 and len(np.unique(caches["fp8"].data)) == 254  # every other code
