@@ -218,9 +218,9 @@ def random_seq_lens(rng: np.random.Generator, max_batch: int = 300, max_len: int
 
 
 def _mapped(raw: np.ndarray, table: np.ndarray) -> np.ndarray:
-    """table[raw] for a cache of random codes, in one pass of row chunks: element-wise forms
-    made several passes and cache-sized temporaries (a bf16 cache of 2.3M rows took 28 s
-    on a 2-core host, 15 s so; fp8 3.6x faster)."""
+    """table[raw] for a cache of random codes, in one pass of row chunks (the element-wise
+    forms made several passes and cache-sized temporaries: 2.3M rows of bf16 took 28 s on a
+    2-core host, this 15 s; fp8 3.6x faster)."""
     out = np.empty(raw.shape, table.dtype)
     step = 1024
     for start in range(0, raw.shape[0], step):
