@@ -30,9 +30,20 @@
 // [blockIdx.x n, (blockIdx.x + 1) n) of a contiguous cache (n a multiple of 64); no
 // schedule, paging, masking, merge or epilogue: O (times 2^-64), m (log2 domain) and l
 // per warpgroup go out unmerged and the script merges them.
-// Per tile: 4 block barriers (raw tile in and last P.V done; K' written; partial scores
-// traded; row maxima traded; P written -- the last two are one); K' is single-buffered, so
-// the next tile's dequantization waits for this tile's P.V.
+// Design 1 (hipmla_probe_rows64_mxfp4, 256 threads): per 64-token tile 2 block barriers and
+// 3 of the consumers (raw tile in and the last P.V done; K' written; partial scores traded;
+// row maxima traded; P written); K' is single-buffered, so the next tile's dequantization
+// waits for this tile's P.V. Design 2 (hipmla_probe_rows64_ws_mxfp4, 384 threads): below.
+// Measured on an H100 80GB (2026-12-06, no H200 came; scripts/results/h100-2026-12-06-
+// rows64-probe-*.txt; L2 flushed, 128 blocks x 2048 tokens = the tokens of bs 32 x 8k):
+// design 1 120.5 us at 64 heads, 235.6 at 128 (303 / 310 TFLOP/s, 38-39% of the bf16 matmul
+// measured in the run), the decoder's sm_90 kernel at bs 32 x 8k 228.8 / 434.7 (160 / 168
+// TFLOP/s): 1.9x. Error against float64 1.1e-3 of max |ref|. Each part taken out saves
+// 28-50 us of 236 (K' stores 51, Q.K 45, P.V 35, the conversion arithmetic 9): the phases
+// run one after the other, 2 warps a scheduler (255 registers), 0.42 eligible (Nsight
+// Compute). Design 2 is slower (154.6 / 304.6 us): its 32-token tiles read Q' (the A
+// operand, 72 KiB) from shared memory once per 32 tokens instead of 64, and Q.K alone
+// then costs 84 us of 305; with 64-token tiles, Q' and two K' buffers do not fit 227 KiB.
 #include "common/platform.h"
 #include "common/numerics.h"
 #include "arch/sm90.h"
@@ -58,8 +69,8 @@ constexpr int SC_ROW = 18;               // E8M0 bytes of a row
 constexpr int STAGES = 2;
 constexpr int THREADS = 256;
 constexpr int QK_STEPS = DQK / 16 / 2;   // k-steps of Q.K a warpgroup
-// Named barriers: the 256 consumer threads; design 2's K' buffers b full / empty, its producer.
-constexpr int CONSUMERS = 1, FULL = 2, EMPTY = 4, PRODUCER = 6;
+// Named barriers: the 256 consumer threads; design 2's 3 K' buffers b full / empty, its producer.
+constexpr int CONSUMERS = 1, FULL = 2, EMPTY = 5, PRODUCER = 8;
 
 struct alignas(1024) Smem {
     unsigned char q[CHUNKS * CHUNK_BYTES];
@@ -185,16 +196,32 @@ HIPMLA_DEVICE S& block_start(const Params& p, unsigned char* smem, int tid, int 
     return sm;
 }
 
-// Dequantizes (token, E8M0 block) pairs pi = first, first + step, ... < tokens * 18 of a raw
-// tile into K' chunks of `tokens` rows (the lanes of a warp: consecutive tokens of one block,
-// so each 16-byte store phase covers 8 rows' different swizzled units).
-template <int TOKENS>
-HIPMLA_DEVICE void dequant_tile(const unsigned char* raw, const unsigned char* sc, unsigned k_base, int first, int step) {
-    for (int pi = first; pi < TOKENS * SC_ROW; pi += step) {
+// Dequantizes (token, E8M0 block) pairs pi = first + THREADS k < TOKENS * 18 of a raw tile
+// into K' chunks of TOKENS rows (the lanes of a warp: consecutive tokens of one block, so
+// each 16-byte store phase covers 8 rows' different swizzled units). Every pair's bytes
+// are loaded before the first is converted: one shared-memory latency, not one a pair
+// (the stores carry no memory clobber, so nothing holds the loads behind them).
+template <int TOKENS, int THREADS_>
+HIPMLA_DEVICE void dequant_tile(const unsigned char* raw, const unsigned char* sc, unsigned k_base, int first) {
+    constexpr int N = (TOKENS * SC_ROW + THREADS_ - 1) / THREADS_;
+    u32x4 v[N];
+    unsigned m[N];
+#pragma unroll
+    for (int k = 0; k < N; ++k) {
+        const int pi = first + THREADS_ * k;
+        if (pi < TOKENS * SC_ROW) {
+            const int r = pi % TOKENS, b = pi / TOKENS;
+            v[k] = *reinterpret_cast<const u32x4*>(raw + r * ROW + 16 * b);
+            m[k] = sc[r * SC_ROW + b];
+        }
+    }
+#pragma unroll
+    for (int k = 0; k < N; ++k) {
+        const int pi = first + THREADS_ * k;
+        if (pi >= TOKENS * SC_ROW) break;
         const int r = pi % TOKENS, b = pi / TOKENS;
-        const u32x4 v = *reinterpret_cast<const u32x4*>(raw + r * ROW + 16 * b);
-        const unsigned m = mult(sc[r * SC_ROW + b]);
-        const unsigned wv[4] = {v.x, v.y, v.z, v.w};
+        const unsigned mk = mult(m[k]);
+        const unsigned wv[4] = {v[k].x, v[k].y, v[k].z, v[k].w};
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
             unsigned x[4];
@@ -203,13 +230,14 @@ HIPMLA_DEVICE void dequant_tile(const unsigned char* raw, const unsigned char* s
 #else
             e2m1x8_to_bf16x2_scaled_down(wv[i], x);
 #pragma unroll
-            for (int j = 0; j < 4; ++j) x[j] = mul_bf16x2(x[j], m);
+            for (int j = 0; j < 4; ++j) x[j] = mul_bf16x2(x[j], mk);
 #endif
             const int word = 4 * b + i;
 #if PROBE_ABLATE == 1
             asm volatile("" ::"r"(x[0]), "r"(x[1]), "r"(x[2]), "r"(x[3]));
 #else
-            st_shared_v4(swz(k_base + (word >> 3) * TOKENS * 128, r, word & 7), x);
+            const unsigned a = swz(k_base + (word >> 3) * TOKENS * 128, r, word & 7);
+            asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(a), "r"(x[0]), "r"(x[1]), "r"(x[2]), "r"(x[3]));
 #endif
         }
     }
@@ -380,7 +408,7 @@ HIPMLA_DEVICE void warpgroup_loop(const Params& p, Smem& sm, int tid) {
         wg_wait<0>();   // this warpgroup's P.V of the last tile has read K' and P
         block_sync();   // ... and the other's; the raw tile is in
         // ---- K' = V' of the tile, bf16, swizzled
-        dequant_tile<TILE>(sm.raw[stage], sm.sc[stage], k_base, tid, THREADS);
+        dequant_tile<TILE, THREADS>(sm.raw[stage], sm.sc[stage], k_base, tid);
         fence_async_smem();
         block_sync();
         issue(tile + 2, stage);
@@ -420,30 +448,40 @@ extern "C" __global__ void __launch_bounds__(256, 1) hipmla_probe_rows64_mxfp4(c
 
 // ---------------------------------------------------------------- design 2: a producer warpgroup
 // Block = 3 warpgroups: warpgroup 2 produces (cp.async of the raw tiles into a 3-stage ring,
-// dequantization into a double-buffered K'), warpgroups 0 and 1 consume (Q.K, softmax, P.V
-// as in design 1) over 32-token tiles, so a tile's dequantization runs beside the tensor
-// work of the one before. Registers: setmaxnreg (PTX ISA 9.7.17.2; sm_90a) 40 for the producer,
-// 232 for the consumers. Named barriers: FULL b (the producer arrives once K' buffer b is
-// written, 384 threads), EMPTY b (the consumers arrive once their P.V read buffer b),
-// CONSUMERS (the 256 consumer threads: partial scores, row maxima, P), PRODUCER (its 128).
+// dequantization into 3 K' buffers), warpgroups 0 and 1 consume over 32-token tiles with
+// Q.K one tile ahead: Q.K of tile + 1 is issued before the softmax of tile, so the tensor
+// cores work through it while the consumers run the softmax, and a tile's dequantization
+// runs beside the tensor work of the tiles before. Per tile a consumer issues Q.K (t + 1),
+// waits for Q.K (t) and P.V (t - 1) (wgmma groups complete in order), runs the softmax
+// of t and issues P.V (t). Registers: setmaxnreg (PTX ISA 9.7.17.2; sm_90a) 80 for the
+// producer (56 spilled its hoisted store addresses), 208 for the consumers (two S fragments
+// of 16 beside O's 128). The pool is what the launch gave the block (168 x 384): a request
+// past it never returns (216 hung the block). Named barriers:
+// FULL b (the producer arrives once K' buffer b is written, 384 threads), EMPTY b (the
+// consumers arrive once Q.K and P.V have read buffer b), CONSUMERS, PRODUCER (its 128).
+// (An earlier form, d51f053: 2 K' buffers, Q.K waited for before the softmax: slower than
+// design 1, scripts/results/h100-2026-12-06-rows64-probe-d51f053.txt.)
 namespace rows64 {
 constexpr int T2 = 32;
 constexpr int STAGES2 = 3;
+constexpr int KBUFS = 3;
 constexpr int KBUF = CHUNKS * T2 * 128;
+constexpr int PRODUCER_REGS = 80, CONSUMER_REGS = 208, LAUNCH_REGS = 168;  // 65,536 / 384, down to a multiple of 8
+static_assert(128 * PRODUCER_REGS + 256 * CONSUMER_REGS <= 384 * LAUNCH_REGS, "setmaxnreg.inc must find its registers");
 
 struct alignas(1024) Smem2 {
     unsigned char q[CHUNKS * CHUNK_BYTES];
-    unsigned char k[2][KBUF];                // [chunk][token 32][128 B swizzled]
+    unsigned char k[KBUFS][KBUF];            // [chunk][token 32][128 B swizzled]
     unsigned char p[CHUNK_BYTES];            // P: 64 rows of 128 B, the first 64 used
     unsigned char raw[STAGES2][T2 * ROW];
     unsigned char sc[STAGES2][T2 * SC_ROW];
     f32x4 xs[2][2][128];
     float mx[2][ROWS];
 };
-static_assert(sizeof(Smem2) == 194560, "scripts/sm90_rows64_probe.py launches with SHARED2 bytes");
+static_assert(sizeof(Smem2) == 231424, "scripts/sm90_rows64_probe.py launches with DESIGNS[2]'s bytes");
 
 HIPMLA_DEVICE void producer(const Params& p, Smem2& sm, int ptid) {
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(PRODUCER_REGS) : "memory");
     const long long row0 = (long long)blockIdx.x * p.tokens;
     const int n_tiles = p.tokens / T2;
     auto issue = [&](int tile) {
@@ -454,36 +492,34 @@ HIPMLA_DEVICE void producer(const Params& p, Smem2& sm, int ptid) {
     issue(1);
 #pragma unroll 1
     for (int tile = 0; tile < n_tiles; ++tile) {
+        const int b = tile % KBUFS;
         cp_async_wait<1>();
         bar_sync(PRODUCER, 128);  // tile's bytes in; every producer thread past tile - 1
         issue(tile + 2);          // into the stage tile - 1 read
-        if (tile >= 2) bar_sync(EMPTY + (tile & 1), 384);
-        dequant_tile<T2>(sm.raw[tile % STAGES2], sm.sc[tile % STAGES2], smem_address(sm.k[tile & 1]), ptid, 128);
+        if (tile >= KBUFS) bar_sync(EMPTY + b, 384);
+        dequant_tile<T2, 128>(sm.raw[tile % STAGES2], sm.sc[tile % STAGES2], smem_address(sm.k[b]), ptid);
         fence_async_smem();
-        bar_arrive(FULL + (tile & 1), 384);
+        bar_arrive(FULL + b, 384);
     }
 }
 
 template <int WG>
-HIPMLA_DEVICE void consumer(const Params& p, Smem2& sm, int tid) {
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
-    const int n_tiles = p.tokens / T2;
-    const unsigned p_base = smem_address(sm.p);
-    const unsigned long long q_desc = desc128(smem_address(sm.q), 16, 1024), p_desc = desc128(p_base, 16, 1024);
-    const unsigned long long k_desc = desc128(smem_address(sm.k[0]), 16, 1024);
-    const unsigned long long v_desc = desc128(smem_address(sm.k[0]), 8192, 1024);
+struct Consumer {
     Rows<WG> st;
-    st.init(tid);
-#pragma unroll 1
-    for (int tile = 0; tile < n_tiles; ++tile) {
-        const unsigned buf = unsigned((tile & 1) * KBUF) >> 4;
-        bar_sync(FULL + (tile & 1), 384);
-        float s[16];
+    unsigned long long q_desc, p_desc, k_desc, v_desc;
+    unsigned p_base;
+    int n_tiles;
+
+    // Q.K of `tile` into s, once the producer has filled its buffer; committed, not waited for.
+    HIPMLA_DEVICE void qk(float (&s)[16], int tile) {
+        const int b = tile % KBUFS;
+        bar_sync(FULL + b, 384);
 #pragma unroll
         for (int e = 0; e < 16; ++e) s[e] = 0.0f;
         pin(s);
         wg_fence();
 #if PROBE_ABLATE != 2
+        const unsigned buf = unsigned(b * KBUF) >> 4;
 #pragma unroll
         for (int i = 0; i < QK_STEPS; ++i) {
             const int kk = QK_STEPS * WG + i;
@@ -492,13 +528,42 @@ HIPMLA_DEVICE void consumer(const Params& p, Smem2& sm, int tid) {
         }
 #endif
         wg_commit();
-        wg_wait<0>();  // Q.K of tile, and P.V of tile - 1
-        pin(s);
-        if (tile >= 1 && tile + 1 < n_tiles) bar_arrive(EMPTY + ((tile - 1) & 1), 384);
-        st.template softmax<2>(s, &sm.xs[0][0][0], sm.mx, p_base, p.scale_log2);
-        st.template pv<T2>(p_desc, v_desc + buf);
     }
-    st.store(p);
+    // One tile: s holds its Q.K (issued), next gets tile + 1's.
+    HIPMLA_DEVICE void step(float (&s)[16], float (&next)[16], int tile, const Params& p, Smem2& sm) {
+        if (tile + 1 < n_tiles) {
+            qk(next, tile + 1);
+            wg_wait<1>();  // Q.K (tile) and P.V (tile - 1) are done, Q.K (tile + 1) may run on
+        } else {
+            wg_wait<0>();
+        }
+        pin(s);
+        // buffer of tile - 1 read by both of its products (the producer's tile + 2 goes there)
+        if (tile >= 1 && tile + 2 < n_tiles) bar_arrive(EMPTY + (tile - 1) % KBUFS, 384);
+        st.template softmax<2>(s, &sm.xs[0][0][0], sm.mx, p_base, p.scale_log2);
+        st.template pv<T2>(p_desc, v_desc + (unsigned((tile % KBUFS) * KBUF) >> 4));
+    }
+};
+
+template <int WG>
+HIPMLA_DEVICE void consumer(const Params& p, Smem2& sm, int tid) {
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(CONSUMER_REGS) : "memory");
+    Consumer<WG> c;
+    c.n_tiles = p.tokens / T2;
+    c.p_base = smem_address(sm.p);
+    c.q_desc = desc128(smem_address(sm.q), 16, 1024);
+    c.p_desc = desc128(c.p_base, 16, 1024);
+    c.k_desc = desc128(smem_address(sm.k[0]), 16, 1024);
+    c.v_desc = desc128(smem_address(sm.k[0]), 8192, 1024);
+    c.st.init(tid);
+    float sa[16], sb[16];
+    c.qk(sa, 0);
+#pragma unroll 1
+    for (int tile = 0; tile < c.n_tiles; tile += 2) {  // the S fragments alternate: the loop goes by 2
+        c.step(sa, sb, tile, p, sm);
+        if (tile + 1 < c.n_tiles) c.step(sb, sa, tile + 1, p, sm);
+    }
+    c.st.store(p);
 }
 }  // namespace rows64
 

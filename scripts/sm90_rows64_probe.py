@@ -46,14 +46,14 @@ def _kib_round(n: int) -> int:
     return (n + 1023) // 1024 * 1024
 
 
-#: design: (symbol, threads, sizeof its Smem: Q' 72 KiB, K' (one 64-token buffer or two of
+#: design: (symbol, threads, sizeof its Smem: Q' 72 KiB, K' (one 64-token buffer or three of
 #: 32 tokens), P 8 KiB, the raw ring, the exchanges; rounded to its 1 KiB alignment; the
 #: kernel traps on less)
 DESIGNS = {
     1: ("hipmla_probe_rows64_mxfp4", 256,
         _kib_round(2 * 9 * 8192 + 8192 + 2 * 64 * (288 + 18) + 2 * 4 * 128 * 16 + 2 * 64 * 4)),
     2: ("hipmla_probe_rows64_ws_mxfp4", 384,
-        _kib_round(9 * 8192 + 2 * 9 * 4096 + 8192 + 3 * 32 * (288 + 18) + 2 * 2 * 128 * 16 + 2 * 64 * 4)),
+        _kib_round(9 * 8192 + 3 * 9 * 4096 + 8192 + 3 * 32 * (288 + 18) + 2 * 2 * 128 * 16 + 2 * 64 * 4)),
 }
 
 
