@@ -376,14 +376,13 @@ def nvrtc():
     return lib
 
 
-@pytest.mark.parametrize("spec", all_kernels(), ids=lambda s: s.symbol)
-def test_nvrtc_build(nvrtc, spec: KernelSpec):
+def nvrtc_compile(nvrtc, src: str, name: str, opts: list[str]) -> None:
+    """Compiles ``src`` to PTX with NVRTC; fails the test with its log on an error."""
     prog = ctypes.c_void_p()
-    src = translation_unit(spec.source).encode()
-    assert nvrtc.nvrtcCreateProgram(ctypes.byref(prog), src, spec.source.encode(), 0, None, None) == 0
+    assert nvrtc.nvrtcCreateProgram(ctypes.byref(prog), src.encode(), name.encode(), 0, None, None) == 0
     try:
-        opts = [b"-arch=sm_90", *(o.encode() for o in spec.options("sm_90"))]
-        rc = nvrtc.nvrtcCompileProgram(prog, len(opts), (ctypes.c_char_p * len(opts))(*opts))
+        raw = [o.encode() for o in opts]
+        rc = nvrtc.nvrtcCompileProgram(prog, len(raw), (ctypes.c_char_p * len(raw))(*raw))
         size = ctypes.c_size_t()
         nvrtc.nvrtcGetProgramLogSize(prog, ctypes.byref(size))
         log = ctypes.create_string_buffer(size.value)
@@ -392,6 +391,23 @@ def test_nvrtc_build(nvrtc, spec: KernelSpec):
         assert rc == 0, log.value.decode(errors="replace")
     finally:
         nvrtc.nvrtcDestroyProgram(ctypes.byref(prog))
+
+
+@pytest.mark.parametrize("spec", all_kernels(), ids=lambda s: s.symbol)
+def test_nvrtc_build(nvrtc, spec: KernelSpec):
+    nvrtc_compile(nvrtc, translation_unit(spec.source), spec.source, ["-arch=sm_90", *spec.options("sm_90")])
+
+
+PROBES = {"sm90_wgmma_probe.cu": ["-DPROBE_ABLATE=0", "-DPROBE_ABLATE=4"],
+          "sm90_rows64_probe.cu": [f"-DPROBE_ABLATE={a}" for a in range(5)]}
+
+
+@pytest.mark.parametrize("probe,define", [(p, d) for p, ds in PROBES.items() for d in ds])
+def test_probe_builds_for_sm90a(nvrtc, probe: str, define: str):
+    """The wgmma probes under scripts/ (their scripts build them on the GPU the same way)
+    still compile against this tree's arch/sm90.h, every ablation too."""
+    text = (Path(__file__).resolve().parent.parent / "scripts" / probe).read_text()
+    nvrtc_compile(nvrtc, translation_unit(f"probe/{probe}", text), probe, ["-arch=sm_90a", define])
 
 
 # --------------------------------------------------------------------- CPU execution
