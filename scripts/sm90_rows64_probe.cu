@@ -39,7 +39,7 @@
 // design 1 120.5 us at 64 heads, 235.6 at 128 (303 / 310 TFLOP/s, 38-39% of the bf16 matmul
 // measured in the run), the decoder's sm_90 kernel at bs 32 x 8k 228.8 / 434.7 (160 / 168
 // TFLOP/s): 1.9x. Error against float64 1.1e-3 of max |ref|. Each part taken out saves
-// 28-50 us of 236 (K' stores 51, Q.K 45, P.V 35, the conversion arithmetic 9): the phases
+// 9-51 us of 236 (K' stores 51, Q.K 45, P.V 35, the conversion arithmetic 9): the phases
 // run one after the other, 2 warps a scheduler (255 registers), 0.42 eligible (Nsight
 // Compute). Design 2 is slower (154.6 / 304.6 us): its 32-token tiles read Q' (the A
 // operand, 72 KiB) from shared memory once per 32 tokens instead of 64, and Q.K alone
