@@ -156,14 +156,15 @@ class Decoder:
         # (or ``kernel``, for tests and trials). One that is not the portable kernel serves
         # only once it passed its known-answer check on this arch (hipmla.selftest; the
         # verdict is kept per code object), else the portable kernel does.
-        chosen = kernels.decoder_kernel(arch, kv_format, q_precision) if kernel is None \
-            else kernels.check_serves(kernel, arch, kv_format, q_precision)
+        chosen = kernels.decoder_kernel(arch, kv_format, q_precision, heads) if kernel is None \
+            else kernels.check_serves(kernel, arch, kv_format, q_precision, heads)
         self._split = _selftest.trusted_kernel(chosen, self.device, requested=selftest)
         self._fast = self._split if self._split.tile_tokens else None
         self.kernel_symbol = self._split.symbol
         # The lone split only where the placement gives each of its items an SM; the fit
         # where the kernels build it (NVIDIA), measured in hipmla/schedule.py, FIT_EIGHTHS.
-        self.policy = replace(SplitPolicy.for_device(self.device.num_cus, lone=self._placement, fit=fit),
+        self.policy = replace(SplitPolicy.for_device(self.device.num_cus, items_per_cu=self._split.items_per_cu,
+                                                     lone=self._placement, fit=fit),
                               lone_below_tokens=LONE_BELOW_TOKENS[self.config.kv_format])
         self._split_fn = runtime.load_kernel(self._split, arch)
         self._scratch: runtime.DeviceBuffer | None = None
@@ -176,7 +177,9 @@ class Decoder:
             scale_log2 = float(np.float32(self.config.sm_scale) * LOG2E)
         self._params.sm_scale_log2 = _f32(scale_log2, "sm_scale")
         self._params.set_split(self.policy)
-        self._params.head_groups = self.config.heads // kernels.HEADS
+        # A schedule row is the kernel's row_heads heads of one query token (16; the
+        # 64-head sm_90a kernel 64), so the device schedule counts heads / row_heads a token.
+        self._params.head_groups = self.config.heads // self._split.row_heads
         self._last_key: tuple | None = None  # arguments of the last run, already resolved
         self._launch: Callable[[], None] | None = None  # the launch _last_key was built for
         self.reserve(max_batch, max_q_tokens)
@@ -208,7 +211,8 @@ class Decoder:
         if self._fast is not None:
             kw.update(fast_schedule=FAST_SCHEDULES[self.device.arch.split(":", 1)[0]], fast_any_length=True)
         else:
-            kw.update(tile_tokens=self._split.softmax_tile, products=self._split.products)
+            kw.update(tile_tokens=self._split.softmax_tile, products=self._split.products,
+                      row_heads=self._split.row_heads)
         return emulate_decode(q, kv, layout, self.config.sm_scale, self.policy, **kw)
 
     @property
@@ -234,8 +238,10 @@ class Decoder:
         if max_batch == self._max_batch and max_q_tokens == self._max_q_tokens:
             return
         runtime.use_device(self.device.index)
-        rows = max(max_q_tokens, max_batch) * self._params.head_groups  # rows: 16 heads of a query token
-        slots = self.policy.max_items(rows)
+        tokens = max(max_q_tokens, max_batch)
+        rows = tokens * self.config.heads // kernels.HEADS  # rows of 16 heads: the merge counters
+        # An item of the 64-head kernel writes a slot of 16 heads for each of its 4 rows.
+        slots = self.policy.max_items(tokens * self._params.head_groups) * (self._split.row_heads // kernels.HEADS)
         acc_bytes = slots * kernels.HEADS * kernels.D_V * 4
         ml_bytes = slots * kernels.HEADS * 2 * 4
         words = 2 * rows + 2  # the merge counters (two per row, core/merge.h), the error word, padding

@@ -209,6 +209,7 @@ def emulate_decode(
     fast_any_length: bool = False,
     qo_indptr=None,
     products: str = "bf16",
+    row_heads: int = 16,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Predicted device output ``(n, h, 512)`` bf16 and LSE ``(n, h)`` f32 for the query
     tokens of the sequences ``seqs`` (default all; n = batch with one query token per
@@ -221,7 +222,10 @@ def emulate_decode(
     kernel's tiles. ``fast_any_length``: the masked fast kernel takes every item, any
     length (a policy without ``fast_tile``, as the decoder launches it on gfx950/gfx942),
     so every item follows ``fast_schedule``. ``products``: what the tensor-core products
-    take (:data:`PRODUCTS`; ``"f16"``: Q through :func:`f16_q`, P into P.V as f16)."""
+    take (:data:`PRODUCTS`; ``"f16"``: Q through :func:`f16_q`, P into P.V as f16).
+    ``row_heads``: heads of one schedule row (the 64-head sm_90a kernel: 64, a multiple of
+    16 dividing the heads): the split is the device's for heads / row_heads rows a query
+    token, and each item serves its row's 16-head groups, each with its own softmax and merge."""
     from hipmla.queries import check_causal, check_heads, check_qo_indptr, q_lens
 
     if not isinstance(fast_any_length, (bool, np.bool_)):
@@ -249,6 +253,10 @@ def emulate_decode(
     # A row is 16 heads; fewer heads (the tests' small models) are one row.
     groups = check_heads(heads, "q.shape[1]") // 16 if heads > 16 else 1
     width = heads // groups
+    if isinstance(row_heads, bool) or not isinstance(row_heads, (int, np.integer)) or row_heads < 16 \
+            or row_heads % 16 or (row_heads != 16 and heads % row_heads):
+        raise ValueError(f"row_heads: expected a multiple of 16 that divides the {heads} heads, got {row_heads!r}")
+    per_row = int(row_heads) // 16  # 16-head groups of a schedule row
     if not isinstance(kv, KVCache):
         raise TypeError(f"kv: expected a hipmla.formats.KVCache, got {type(kv).__name__}")
     layout.check_cache(kv.rows)
@@ -259,7 +267,8 @@ def emulate_decode(
             raise ValueError("products: the fast schedules take bf16 products only")
         qq = f16_q(qq)
     sel = np.arange(layout.batch) if seqs is None else np.asarray(seqs, dtype=np.int64)
-    items = schedule(layout.seq_lens(), policy, q_lens=nq, head_groups=groups)
+    sched_groups = groups // per_row
+    items = schedule(layout.seq_lens(), policy, q_lens=nq, head_groups=sched_groups)
     tokens = [np.arange(qo[b], qo[b + 1]) for b in sel]
     n_out = int(sum(t.size for t in tokens))
     out = np.empty((n_out, heads, D_V), dtype=to_bf16(0).dtype)
@@ -271,7 +280,7 @@ def emulate_decode(
                 parts = []
                 h = slice(width * g, width * (g + 1))
                 qrow = qq[t, h]
-                for j in items.items_of_row(int(t) * groups + g):
+                for j in items.items_of_row(int(t) * sched_groups + g // per_row):
                     t0, t1 = int(items.begin[j]), int(items.end[j])
                     k = kv.dequantize(layout.rows(int(b), t0, t1))
                     if fast_any_length or (policy.fast_tile and t1 > t0 and (t1 - t0) % policy.fast_tile == 0):

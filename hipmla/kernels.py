@@ -136,10 +136,22 @@ class KernelSpec:
     tile_tokens: int = 0  # > 0: a tiled fast kernel's step (partial last tiles masked inside); 0: none
     softmax_tile: int = TILE_TOKENS  # tokens per online-softmax step (the emulator's tile)
     products: str = "bf16"  # what its tensor-core products take (the emulator's products)
+    row_heads: int = HEADS  # heads of one schedule row (p.head_groups = heads / row_heads)
+    items_per_cu: int = 2  # work items the split aims for per CU / SM: the blocks resident on one
+    arch_suffix: str = ""  # compiled for the arch plus this ("a": sm_90a, for wgmma)
 
     def builds_for(self, arch: str) -> bool:
         """Whether this kernel exists for ``arch`` (target features ignored)."""
         return not self.archs or arch.split(":", 1)[0] in self.archs
+
+    def compile_arch(self, arch: str) -> str:
+        """The target it is compiled for on ``arch``: ``arch`` itself, or for a kernel of
+        arch-specific instructions the processor plus its suffix (``"sm_90"`` -> ``"sm_90a"``)."""
+        return arch.split(":", 1)[0] + self.arch_suffix if self.arch_suffix else arch
+
+    def serves_heads(self, heads: int) -> bool:
+        """Whether a model of ``heads`` heads fills this kernel's rows."""
+        return heads % self.row_heads == 0
 
     def options(self, arch: str) -> list[str]:
         """``-D`` options for ``arch`` (``"gfx950"``, ``"gfx942:sramecc+:xnack-"``,
@@ -322,20 +334,66 @@ def sm90_split_kernel(kv_format: str, q_precision: str = "bf16") -> KernelSpec:
     )
 
 
-def main_split_kernel(arch: str, kv_format: str, q_precision: str) -> KernelSpec:
-    """The kernel that takes every item a fast kernel does not: the sm_90 tensor-core
-    kernel on sm_90 (with bf16 Q it ran on the H200 against the emulator: tests/test_sm90.py,
+# --- sm_90a kernel of 64 heads a work item (hip_src/decode/split_sm90_rows64.hip) --------
+#
+# An MXFP4 cache with bf16 Q for models of 64 or 128 heads: 64 heads of a query token are
+# wgmma's M, so K is dequantized once per 64 heads. A schedule row is 64 heads
+# (row_heads): the decoder passes head_groups = heads / 64 and sizes 4 partial slots an item.
+
+SM90_ROWS64_SOURCE = "decode/split_sm90_rows64.hip"
+SM90_ROWS64_HEADS = 64
+#: Tokens per online-softmax step of the 64-head kernel (its tile).
+SM90_ROWS64_TILE = 64
+
+
+def sm90_rows64_shared_bytes() -> int:
+    """Dynamic shared memory of the 64-head sm_90a kernel: ``sizeof(Smem)`` of
+    split_sm90_rows64.hip (Q' and K' of 9 swizzled 8 KiB chunks each, P, a 2-stage ring of
+    raw rows and E8M0 bytes, the partial-score exchange, maxima and sums, the item)."""
+    tile, chunk = SM90_ROWS64_TILE, SM90_ROWS64_TILE * 128
+    qk = 2 * (D_QK // 64) * chunk
+    ring = 2 * tile * (D_QK // 2 + D_QK // 32)
+    exchange = 2 * 4 * 128 * 16
+    state = 2 * 2 * SM90_ROWS64_HEADS * 4 + 10 * 4 + 4  # mx, lsum, the work item, the arrive flag
+    return -(-(qk + chunk + ring + exchange + state) // 1024) * 1024
+
+
+def sm90_rows64_kernel() -> KernelSpec:
+    """The sm_90a kernel of 64 heads a work item (MXFP4 cache, bf16 Q)."""
+    return KernelSpec(
+        symbol="hipmla_decode_split_sm90_rows64_mxfp4_qbf16",
+        source=SM90_ROWS64_SOURCE,
+        defines=_specialisation("mxfp4", "bf16"),
+        block_threads=SM90_THREADS,
+        dynamic_shared_bytes=sm90_rows64_shared_bytes(),
+        archs=("sm_90",),
+        tile_tokens=0,
+        softmax_tile=SM90_ROWS64_TILE,
+        row_heads=SM90_ROWS64_HEADS,
+        items_per_cu=1,
+        arch_suffix="a",
+    )
+
+
+def main_split_kernel(arch: str, kv_format: str, q_precision: str, heads: int = HEADS) -> KernelSpec:
+    """The kernel that takes every item a fast kernel does not: on sm_90 the 64-head kernel
+    for an MXFP4 cache with bf16 Q and a multiple of 64 heads, else the sm_90 tensor-core
+    kernel (with bf16 Q it ran on the H200 against the emulator: tests/test_sm90.py,
     tests/test_decode_gpu.py; with quantized Q on an H100, in the quantization's first form:
-    README, "Quantized Q on sm_90"), else the portable kernel."""
+    README, "Quantized Q on sm_90"); elsewhere the portable kernel."""
     if isinstance(arch, str) and arch.split(":", 1)[0] == "sm_90":
+        rows64 = sm90_rows64_kernel()
+        if (kv_format, q_precision) == variant_of(rows64) and rows64.serves_heads(heads):
+            return rows64
         return sm90_split_kernel(kv_format, q_precision)
     return split_kernel(kv_format, q_precision)
 
 
-def decoder_kernel(arch: str, kv_format: str, q_precision: str) -> KernelSpec:
-    """The one kernel a decoder launches for every item of a step: the arch's fast kernel
-    where it has one for the cache format and Q, else :func:`main_split_kernel`'s."""
-    return fast_split_kernel(arch, kv_format, q_precision) or main_split_kernel(arch, kv_format, q_precision)
+def decoder_kernel(arch: str, kv_format: str, q_precision: str, heads: int = HEADS) -> KernelSpec:
+    """The one kernel a decoder of ``heads`` heads launches for every item of a step: the
+    arch's fast kernel where it has one for the cache format and Q, else
+    :func:`main_split_kernel`'s."""
+    return fast_split_kernel(arch, kv_format, q_precision) or main_split_kernel(arch, kv_format, q_precision, heads)
 
 
 def variant_of(spec: KernelSpec) -> tuple[str, str]:
@@ -345,12 +403,15 @@ def variant_of(spec: KernelSpec) -> tuple[str, str]:
     return names[defines["HIPMLA_KV_FORMAT"]], names[defines["HIPMLA_Q_PRECISION"]]
 
 
-def check_serves(spec: KernelSpec, arch: str, kv_format: str, q_precision: str) -> KernelSpec:
-    """``spec``, if it builds for ``arch`` and reads this cache format with this Q precision."""
+def check_serves(spec: KernelSpec, arch: str, kv_format: str, q_precision: str, heads: int = HEADS) -> KernelSpec:
+    """``spec``, if it builds for ``arch``, reads this cache format with this Q precision
+    and fills its rows with ``heads`` heads."""
     if not isinstance(spec, KernelSpec):
         raise TypeError(f"kernel: expected a hipmla.kernels.KernelSpec, got {type(spec).__name__}")
     if not spec.builds_for(arch):
         raise ValueError(f"kernel: {spec.symbol} builds for {', '.join(spec.archs)}, not {arch}")
+    if not spec.serves_heads(heads):
+        raise ValueError(f"kernel: {spec.symbol} computes {spec.row_heads} heads a row, this decoder has {heads}")
     kv, qp = variant_of(spec)
     if (kv, qp) != (kv_format, q_precision):
         raise ValueError(f"kernel: {spec.symbol} reads a {kv} cache with {qp} Q, this decoder a "

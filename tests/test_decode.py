@@ -946,13 +946,19 @@ def test_several_query_tokens_and_heads_reach_the_kernel(monkeypatch, heads):
     a query token), two merge counters per row, the struct carries qo_indptr and the rows."""
     gpu, dec = make(monkeypatch, heads=heads, max_batch=4, max_q_tokens=8)
     groups = heads // 16
+    # On sm_90 an mxfp4 cache with 64+ heads runs the 64-head kernel: a schedule row is 64 heads.
+    row_heads = 64 if heads % 64 == 0 else 16
+    assert dec.kernel_symbol == kernels.decoder_kernel("sm_90", "mxfp4", "bf16", heads).symbol
     dec.run(**mtp_args(3, 7, heads), lse=FakeCAI((7, heads), "<f4", ADDR["lse"]))
     (launch,) = gpu.launches
-    assert launch.qo_indptr == 0x900000 and launch.q_tokens == 7 and launch.head_groups == groups
+    assert launch.qo_indptr == 0x900000 and launch.q_tokens == 7 and launch.head_groups == heads // row_heads
     assert launch.batch == 3
-    assert launch.grid[0] == dec.policy.max_items(7 * groups)
+    assert launch.grid[0] == dec.policy.max_items(7 * heads // row_heads)
     scratch = gpu.buffers[-1]
-    assert launch.errors - launch.counters == 2 * 4 * 8 * groups  # two counters per reserved row
+    assert launch.errors - launch.counters == 2 * 4 * 8 * groups  # two counters per reserved 16-head row
+    # The scratch: 16-head partial slots, row_heads / 16 for each item of the grid.
+    slots = dec.policy.max_items(8 * heads // row_heads) * (row_heads // 16)
+    assert launch.part_ml - launch.part_acc == slots * 16 * 512 * 4
     assert launch.errors + 8 <= scratch.ptr + scratch.nbytes
     # One query token per sequence and 16 heads: exactly today's step.
     gpu2, dec2 = make(monkeypatch, max_batch=4)

@@ -84,7 +84,8 @@ needs_nvrtc = pytest.mark.skipif(not _nvrtc_available(), reason="no NVRTC librar
 #: Q precision, and the portable kernel it falls back to when a self-test fails (one build
 #: per cache format is enough to catch a compile error).
 BUILDS = [("sm90_split_kernel", (kv, qp)) for kv in KV_FORMATS for qp in Q_PRECISIONS] + \
-    [("split_kernel", (kv, qp)) for kv, qp in (("bf16", "fp8"), ("fp8", "mxfp4"), ("mxfp4", "fp8"))]
+    [("split_kernel", (kv, qp)) for kv, qp in (("bf16", "fp8"), ("fp8", "mxfp4"), ("mxfp4", "fp8"))] + \
+    [("sm90_rows64_kernel", ())]
 
 COMPILE_SCRIPT = """
 import importlib.util
@@ -114,7 +115,7 @@ def build(source, symbol, flags):
 out = {}
 for factory, args in BUILDS:
     spec = getattr(kernels, factory)(*args)
-    flags = ["--offload-arch=sm_90", "-O3", *spec.options("sm_90")]  # as runtime.compiler._compile
+    flags = [f"--offload-arch={spec.compile_arch('sm_90')}", "-O3", *spec.options("sm_90")]  # as runtime.load_kernel
     code, r = build(translation_unit(spec.source), spec.symbol, flags)
     path = OUT + "/" + spec.symbol + ".cubin"
     open(path, "wb").write(code)
@@ -177,6 +178,16 @@ def test_portable_kernels_compile_for_sm_90_through_hiprtc(nvrtc_builds):
             r = nvrtc_builds[symbol]
             assert r["ok"], f"{symbol}:\n{r['log']}"
             assert r["elf"] and r["has"], symbol
+
+
+@needs_nvrtc
+def test_rows64_kernel_compiles_for_sm_90a_through_hiprtc(nvrtc_builds):
+    """The 64-head kernel (split_sm90_rows64.hip) builds as the decoder builds it: hiprtc ->
+    the HIP-on-CUDA library -> NVRTC for sm_90a (wgmma), no local memory."""
+    symbol = kernels.sm90_rows64_kernel().symbol
+    r = nvrtc_builds[symbol]
+    assert r["ok"] and r["elf"] and r["has"], f"{symbol}:\n{r['log']}"
+    assert not r["local"], f"{symbol}: the cubin has local memory"
 
 
 @needs_nvrtc

@@ -188,6 +188,15 @@ HIPMLA_DEVICE unsigned e2m1x2_to_bf16x2_scaled_down(unsigned byte) {
     return select_bits(0x01C001C0u, mags, signs);
 }
 
+// E8M0 byte s -> bf16x2 (2^(s-65), 2^(s-65)), the multiplier that takes a block's
+// value * 2^-126 codes above to value * 2^(s-127) * 2^-64 (so Q' = Q * 2^64 gives exact
+// scores), saturating at +inf (s >= 193): a min and one multiply-add (the clamp before
+// the add, which the multiply-add then absorbs).
+HIPMLA_DEVICE unsigned e8m0_multiplier(unsigned s) {
+    const unsigned e = (s < 193u ? s : 193u) + 62u;
+    return e * 0x00800080u;
+}
+
 // ------------------------------------------------------------------------------ async copies
 #if !defined(HIPMLA_HOST_PLATFORM)
 

@@ -280,17 +280,10 @@ HIPMLA_DEVICE unsigned q_pair(const unsigned short* q, int h, int d0, int d1, fl
     return q_scaled(q, h, d0) | (q_scaled(q, h, d1) << 16);
 }
 
-// E8M0 byte -> bf16x2 (2^(s-65), 2^(s-65)), saturating at +inf (s >= 193): a min and
-// one multiply-add (the clamp before the add, which the multiply-add then absorbs).
 // Stage.mult's order: the multipliers of rows g, g + 8, g + 16, g + 24 and one block are
 // 16 consecutive bytes, so a lane loads its 4 n-tiles' multipliers of a block at once.
 HIPMLA_DEVICE constexpr int mult_index(int row, int block) { return ((row & 7) * SCALES + block) * 4 + (row >> 3); }
 static_assert(NTILES == 4 && (TILE * ROW_STRIDE) % 16 == 0, "a lane's 4 multipliers of a block: one 16-byte load");
-
-HIPMLA_DEVICE unsigned e8m0_multiplier(unsigned s) {
-    const unsigned e = (s < 193u ? s : 193u) + 62u;
-    return e * 0x00800080u;
-}
 
 }  // namespace sm90k
 }  // namespace hipmla

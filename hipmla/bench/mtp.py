@@ -9,15 +9,15 @@ import statistics
 import ml_dtypes
 import numpy as np
 
-from hipmla import runtime
+from hipmla import kernels, runtime
 from hipmla.bench.probes import Timer, git_commit, matmul_tflops, read_gbs
 from hipmla.bench.steps import bytes_moved
 from hipmla.decode import Decoder
 from hipmla.inputs import BENCH_SM_SCALE, random_cache
 from hipmla.paging import KvLayout
 
-#: The issue's rows for several heads / query tokens: (heads, query tokens per sequence).
-MTP_CASES = ((128, 1), (16, 4))
+#: Several heads / query tokens a sequence: (heads, query tokens per sequence).
+MTP_CASES = ((128, 1), (64, 1), (16, 4))
 MTP_BATCHES = (32, 128)
 MTP_KV_LEN = 8192
 
@@ -28,9 +28,18 @@ def mtp_flops(heads: int, seen_tokens: int) -> int:
     return 2 * heads * seen_tokens * (576 + 512)
 
 
+def _peers(dec: Decoder) -> list[kernels.KernelSpec | None]:
+    """The decoder's own kernel (None), then, where it runs the 64-head sm_90a kernel, the
+    16-head sm_90 kernel it replaces, timed in the same run for the comparison."""
+    if dec.kernel_symbol != kernels.sm90_rows64_kernel().symbol:
+        return [None]
+    return [None, kernels.sm90_split_kernel(dec.config.kv_format, dec.config.q_precision)]
+
+
 def run_mtp_bench(formats, iters: int, device: int) -> list[dict]:
     """µs (L2 flushed), TFLOP/s with % of the measured bf16 matmul rate, and GB/s of the
-    unique bytes with % of the measured read bandwidth, for MTP_CASES x MTP_BATCHES."""
+    unique bytes with % of the measured read bandwidth, for MTP_CASES x MTP_BATCHES (and the
+    16-head sm_90 kernel beside the 64-head one where the decoder picks that)."""
     info = runtime.device_info(device)
     timer = Timer(info.l2_bytes)
     read, mma = read_gbs(), matmul_tflops()
@@ -50,7 +59,7 @@ def run_mtp_bench(formats, iters: int, device: int) -> list[dict]:
                 t_q = b * n
                 layout = KvLayout.contiguous(lens)
                 qo = np.arange(0, t_q + 1, n, dtype=np.int32)
-                dec = Decoder(fmt, BENCH_SM_SCALE, heads=heads, device=device, max_batch=b, max_q_tokens=t_q)
+                first = Decoder(fmt, BENCH_SM_SCALE, heads=heads, device=device, max_batch=b, max_q_tokens=t_q)
                 q = rng.standard_normal((t_q, heads, 576), dtype=np.float32).astype(ml_dtypes.bfloat16)
                 host = {"q": q.view(np.uint16), "kv": kv.data, "kv_indptr": layout.kv_indptr.astype(np.int32),
                         "qo_indptr": qo, "kv_scale": kv.scales}
@@ -58,21 +67,26 @@ def run_mtp_bench(formats, iters: int, device: int) -> list[dict]:
                         for k, v in host.items()}
                 bufs["out"] = runtime.DeviceArray((t_q, heads, 512), np.uint16)
                 extra = dict(fp8_scale=kv.fp8_scale if fmt == "fp8" else None)
-                med = statistics.median(timer.time(lambda: dec.run(**bufs, **extra), iters, flush=True))
-                seen = int(sum(MTP_KV_LEN - n + j + 1 for j in range(n))) * b
-                tflops = mtp_flops(heads, seen) / (med * 1e-6) / 1e12
-                moved = bytes_moved(fmt, int(lens.sum()), t_q, stride, 0, heads=heads)
-                gbs = moved / (med * 1e-6) / 1e9
-                row = dict(kv=fmt, heads=heads, q_per_seq=n, batch=b, kv_len=MTP_KV_LEN, med_us=med,
-                           tflops=tflops, pct_mma=None if mma is None else 100 * tflops / mma,
-                           gbs=gbs, pct_read=None if read is None else 100 * gbs / read, kernel=dec.kernel_symbol)
-                out_rows.append(row)
-                pct_mma = "-" if mma is None else f"{row['pct_mma']:.1f}"
-                pct_read = "-" if read is None else f"{row['pct_read']:.1f}"
-                print(f"{fmt:>5} {heads:>5} {n:>5} {b:>4} {med:9.1f} {tflops:8.1f} {pct_mma:>6} {gbs:7.0f} "
-                      f"{pct_read:>6}  {dec.kernel_symbol}", flush=True)
+                for peer in _peers(first):
+                    dec = first if peer is None else Decoder(fmt, BENCH_SM_SCALE, heads=heads, device=device,
+                                                             max_batch=b, max_q_tokens=t_q, kernel=peer)
+                    med = statistics.median(timer.time(lambda: dec.run(**bufs, **extra), iters, flush=True))
+                    seen = int(sum(MTP_KV_LEN - n + j + 1 for j in range(n))) * b
+                    tflops = mtp_flops(heads, seen) / (med * 1e-6) / 1e12
+                    moved = bytes_moved(fmt, int(lens.sum()), t_q, stride, 0, heads=heads)
+                    gbs = moved / (med * 1e-6) / 1e9
+                    row = dict(kv=fmt, heads=heads, q_per_seq=n, batch=b, kv_len=MTP_KV_LEN, med_us=med,
+                               tflops=tflops, pct_mma=None if mma is None else 100 * tflops / mma, gbs=gbs,
+                               pct_read=None if read is None else 100 * gbs / read, kernel=dec.kernel_symbol)
+                    out_rows.append(row)
+                    pct_mma = "-" if mma is None else f"{row['pct_mma']:.1f}"
+                    pct_read = "-" if read is None else f"{row['pct_read']:.1f}"
+                    print(f"{fmt:>5} {heads:>5} {n:>5} {b:>4} {med:9.1f} {tflops:8.1f} {pct_mma:>6} {gbs:7.0f} "
+                          f"{pct_read:>6}  {dec.kernel_symbol}", flush=True)
+                    if dec is not first:
+                        dec.close()
                 for a in bufs.values():
                     if a is not None:
                         a.free()
-                dec.close()
+                first.close()
     return out_rows

@@ -236,7 +236,7 @@ def load_kernel(spec, arch: str) -> Function:
         options = list(spec.options(arch))
         code = _find_prebuilt(spec, arch, source, options)
         if code is None:
-            code = compile_source(source, spec.symbol, arch, options)
+            code = compile_source(source, spec.symbol, spec.compile_arch(arch), options)
         fn = Module(code).function(spec.symbol)
         runtime._kernels[key] = fn
     return fn

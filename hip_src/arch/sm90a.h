@@ -1,0 +1,94 @@
+// NVIDIA Hopper warpgroup instructions (sm_90a: wgmma, setmaxnreg need the "a" target), as
+// small named helpers around inline PTX, for decode/split_sm90_rows64.hip and the rows-64
+// probe (scripts/sm90_rows64_probe.cu). Each cites the PTX ISA (9.0) section it follows.
+//
+// Shared-memory operands of wgmma are described by a 64-bit matrix descriptor (PTX ISA
+// 9.7.15.5.1): start address >> 4 (bits 0-13), leading-dimension byte offset >> 4 (LBO,
+// bits 16-29), stride-dimension byte offset >> 4 (SBO, bits 32-45), layout (bits 62-63;
+// 1 = 128-byte swizzle). Every tile here uses the 128-byte swizzle: a "chunk" is 8-row
+// groups of 128-byte rows, 16-byte unit u of row r stored at unit u ^ (r & 7) (swizzled_unit),
+// so the 8 rows of a group hit 8 different bank quads. K-major operand (the k index runs
+// along the 128-byte row): SBO = 1 KiB (the next 8-row group), a k-step of 16 bf16 adds
+// 32 B to the start address. MN-major operand (the m / n index runs along the row):
+// SBO = 1 KiB (the next 8 k-rows), LBO = the next 64-wide atom along m / n.
+//
+// Accumulator layout of wgmma.m64nNk16 (PTX ISA 9.7.15.5.1.1, "Register Fragments"):
+// warp w of the warpgroup holds rows 16 w + g and 16 w + g + 8 (g = lane >> 2,
+// t = lane & 3); element 4 j + e of the N / 2 f32 per thread is row 16 w + g + 8 (e >> 1),
+// column 8 j + 2 t + (e & 1).
+#pragma once
+
+#include "common/platform.h"
+
+#if !defined(__CUDACC__)
+#error "arch/sm90a.h is for NVRTC / nvcc builds for sm_90a only"
+#endif
+
+namespace hipmla {
+namespace sm90a {
+
+// The descriptor of a 128-byte-swizzled operand at shared address `addr` (PTX ISA 9.7.15.5.1).
+HIPMLA_DEVICE unsigned long long desc_sw128(unsigned addr, unsigned lbo, unsigned sbo) {
+    return (unsigned long long)((addr & 0x3FFFF) >> 4) | ((unsigned long long)((lbo >> 4) & 0x3FFF) << 16) |
+           ((unsigned long long)((sbo >> 4) & 0x3FFF) << 32) | (1ull << 62);
+}
+
+// Shared address of 16-byte unit `unit` (0..7) of 128-byte row `row` of a swizzled chunk at `base`.
+HIPMLA_DEVICE unsigned swizzled_unit(unsigned base, int row, int unit) {
+    return base + unsigned(row) * 128u + (unsigned(unit ^ (row & 7)) << 4);
+}
+
+HIPMLA_DEVICE void st_shared_v4(unsigned a, const unsigned (&x)[4]) {
+    asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(a), "r"(x[0]), "r"(x[1]), "r"(x[2]), "r"(x[3])
+                 : "memory");
+}
+HIPMLA_DEVICE void st_shared_b32(unsigned a, unsigned x) { asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(a), "r"(x) : "memory"); }
+
+// wgmma's ordering (PTX ISA 9.7.15.6): fence before the first wgmma that reads registers
+// written since; commit closes a group; wait_group N returns once at most N groups are pending.
+HIPMLA_DEVICE void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+HIPMLA_DEVICE void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int N>
+HIPMLA_DEVICE void wg_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory"); }
+// Generic-proxy shared-memory writes made visible to the async proxy (wgmma's operand
+// reads), PTX ISA 9.7.13.4.7 (fence.proxy.async); a barrier then orders them across threads.
+HIPMLA_DEVICE void fence_async_smem() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+// Keeps the compiler from moving accumulator reads or writes across a wgmma's asynchrony.
+template <int N>
+HIPMLA_DEVICE void pin(float (&d)[N]) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+// Named barriers (PTX ISA 9.7.13.1, bar.sync / bar.arrive): `n` threads, a multiple of 32.
+HIPMLA_DEVICE void bar_sync(int id, int n) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
+HIPMLA_DEVICE void bar_arrive(int id, int n) { asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
+
+// D (64 x 64 f32) += A B, wgmma.mma_async.m64n64k16.f32.bf16.bf16 with both operands in
+// shared memory (PTX ISA 9.7.15.5.2); A K-major; TB = 1: B MN-major (transposed), else K-major.
+template <int TB>
+HIPMLA_DEVICE void wgmma_m64n64k16(float (&d)[32], unsigned long long a, unsigned long long b) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, "
+        "%22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, %34;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+        : "l"(a), "l"(b), "n"(TB));
+}
+
+// D (64 x 32 f32) += A B, m64n32k16, both K-major in shared memory (PTX ISA 9.7.15.5.2).
+HIPMLA_DEVICE void wgmma_m64n32k16(float (&d)[16], unsigned long long a, unsigned long long b) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p, 1, 1, 0, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+        : "l"(a), "l"(b));
+}
+
+}  // namespace sm90a
+}  // namespace hipmla

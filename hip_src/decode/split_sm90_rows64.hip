@@ -1,0 +1,519 @@
+// sm_90a (Hopper) split kernel for 64 heads a work item: an MXFP4 cache with bf16 Q, on the
+// project's serving core, for models of 64 or 128 heads. Built for sm_90a (wgmma).
+//
+// Why a second sm_90 kernel. With 16 heads (decode/split_sm90.hip) every tensor-core form of
+// sm_90 runs at N <= 16, K is dequantized once per 16 heads and transposed for P.V, and
+// MXFP4 stays near 40% of the read bandwidth (KERNELS.md, "The bound"). Where a query token
+// has 64+ heads, 64 of them fill wgmma's M = 64: K is dequantized once for 64 heads, and both
+// products read it from shared memory, Q.K as the K-major B operand and P.V as the MN-major
+// (transposed) B operand, so nothing is transposed by instructions.
+//
+// Schedule: the decoder launches it with p.head_groups = heads / 64, so a row of the schedule
+// (core/schedule.h, unchanged) is 64 heads of one query token; item i takes tokens
+// [begin, end) of its sequence for those 64 heads, as 4 rows of 16 heads for everything
+// the rest of the core keys by row: 16-head row 4 it.row + j (its q, out, lse and merge
+// counter), partial slot 4 it.slot + j (first_slot 4 it.first_slot + j, stride
+// 4 it.slot_stride). The decoder sizes the scratch for 4 slots an item. Every block merges
+// its four rows one after the other (core/merge.h, per row as the 16-head kernels do).
+//
+// Block = 2 warpgroups (256 threads), one block an SM (212,992 B of shared memory).
+// Tile = 64 tokens; an item of n tokens is ceil(n / 64) tiles, the last one masked.
+//   copies      thread (token tid / 4, part tid % 4) copies 16-byte chunks part + 4 c of its
+//               token's 288-byte row (cp.async, zero-filled past the item) into a 2-stage
+//               ring, its row from kv_rows() (one page-table read a tile), and loads E8M0
+//               bytes part + 4 c with plain loads, stored to the ring a tile later.
+//   K' tile     every thread dequantizes (token, E8M0 block) pairs pi = tid + 256 k into
+//               bf16 in shared memory, value * 2^-64 (e2m1x8_to_bf16x2_scaled_down times
+//               e8m0_multiplier), in 128-byte-swizzled chunks of 64 dims: [chunk 9][token
+//               64][128 B], unit u of row r at u ^ (r & 7). Unit u of chunk c holds word
+//               8 c + u of the row (8 dims), its dims in the order 0 4 1 5 2 6 3 7 (perm).
+//   Q'          Q * 2^64 (exact in bf16) of the item's 64 heads, written once in K''s layout
+//               and dim order: the K-major A operand of every Q.K.
+//   S = Q'K'^T  wgmma.m64n64k16, both operands K-major in shared memory; warpgroup wg takes
+//               dims [288 wg, 288 wg + 288) (18 k-steps) of the 64 tokens, hands the other
+//               its partial scores for the other's 32 tokens (xs), and so owns tokens
+//               [32 wg, 32 wg + 32) of the tile, whole.
+//   softmax     one running max a head (log2 domain) moving once a 64-token tile: the quad's
+//               max, then both warpgroups' maxima through mx; P = bf16_rne(exp2(s - m)) into
+//               the P tile ([head][token], 128-byte swizzled: P.V's K-major A operand);
+//               masked tokens (past the item) score -inf, so their P is 0 exactly.
+//   O += P V'   wgmma.m64n64k16 with B = the K' tile's first 512 dims read MN-major; warpgroup
+//               wg owns output dims [256 wg, 256 wg + 256): 4 chunks, O is 128 f32 a thread.
+// Lane roles: wgmma's accumulator layout (arch/sm90a.h): thread (warp w of its warpgroup,
+// g = lane / 4, t = lane % 4) holds heads r0 = 16 w + g and r1 = r0 + 8, tokens / columns
+// 8 j + 2 t, + 1.
+// Barriers per tile (all 256 threads): raw tile in and the last P.V done; K' written;
+// partial scores traded; maxima traded; P written. K' is single-buffered, so the next tile's
+// dequantization waits for this tile's P.V.
+//
+// Numerics (KERNELS.md "Numerics", the 16-head sm_90 kernel's with 64-token softmax tiles:
+// hipmla.emulate.emulate_work_item(tile=64) per 16-head row, row_heads=64 in
+// emulate_decode): K' = V' = value * 2^-64 and Q' = Q * 2^64 exactly (block scales
+// 2^(s-127) in [2^-68, 2^65], |q| < 2^64; a larger scale saturates to +inf), f32 scores on
+// the tensor cores (each warpgroup's 288 dims in tensor-core order, then the two halves
+// added), times sm_scale log2(e); exp2 is ex2.approx.ftz; P rounded to bf16 RNE, l the sum
+// of those bf16 values (each warpgroup its 32 tokens of a tile, the two added at the end),
+// alpha rescales O; f32 accumulation; the final O times 2^64 / l rounded to bf16 RNE.
+//
+// Budget (nvcc 13.0 / ptxas, sm_90a): 255 registers at most (__launch_bounds__(256, 1)), no
+// stack, no spills; dynamic shared memory = hipmla.kernels.sm90_rows64_shared_bytes().
+// Measured against the 16-head kernel: README, "64 heads a block on sm_90"; the probe that
+// led here (hot loop alone): KERNELS.md, "64 rows a block on wgmma, measured".
+#include "params.h"
+#include "common/config.h"
+#include "common/numerics.h"
+#include "common/platform.h"
+#include "core/merge.h"
+#include "core/paged.h"
+#include "core/schedule.h"
+#include "arch/sm90.h"
+#include "arch/sm90a.h"
+
+#if !defined(HIPMLA_KV_FORMAT) || !defined(HIPMLA_Q_PRECISION) || !defined(HIPMLA_FP8_FNUZ)
+#error "split_sm90_rows64.hip needs -DHIPMLA_KV_FORMAT=2 -DHIPMLA_Q_PRECISION=0 -DHIPMLA_FP8_FNUZ=0"
+#endif
+#if HIPMLA_KV_FORMAT != 2 || HIPMLA_Q_PRECISION != 0
+#error "split_sm90_rows64.hip reads an mxfp4 cache with bf16 Q only (HIPMLA_KV_FORMAT=2, HIPMLA_Q_PRECISION=0)"
+#endif
+
+namespace hipmla {
+namespace sm90r {
+
+using namespace sm90;
+using namespace sm90a;
+
+constexpr int ROW_HEADS = 64;                  // heads of a schedule row: wgmma's M
+constexpr int SUB_ROWS = ROW_HEADS / HEADS;    // 16-head rows of an item (q, out, lse, merge)
+constexpr int TILE = 64;                       // tokens a tile (wgmma's N of Q.K)
+constexpr int THREADS = 256;                   // 2 warpgroups
+constexpr int CHUNKS = D_QK / 64;              // 128-byte chunks of a bf16 row of Q' / K'
+constexpr int CHUNK_BYTES = TILE * 128;        // one chunk of 64 rows
+constexpr int ROW_BYTES = D_QK / 2;            // mxfp4 bytes of a cache row
+constexpr int SCALES = D_QK / MX_BLOCK;        // E8M0 bytes of a row
+constexpr int STAGES = 2;
+constexpr int QK_STEPS = D_QK / 16 / 2;        // k-steps of Q.K a warpgroup
+constexpr int V_CHUNKS = D_V / 64 / 2;         // output chunks of 64 dims a warpgroup
+constexpr int PART = 4;                        // copy threads a token
+constexpr int COPIES = (ROW_BYTES / 16 + PART - 1) / PART;
+constexpr int SCALE_LOADS = (SCALES + PART - 1) / PART;
+constexpr int PAIRS = (TILE * SCALES + THREADS - 1) / THREADS;  // (token, block) pairs a thread
+constexpr int OUT_STRIDE = D_V + 4;            // f32 a head row of the output stage
+constexpr int QSHIFT = 64;                     // Q' = Q * 2^QSHIFT, K' = K * 2^-QSHIFT
+
+static_assert(THREADS == BLOCK_THREADS, "the kernel launches the project's block size");
+static_assert(ROW_HEADS == 64 && SUB_ROWS * HEADS == ROW_HEADS, "64 heads: wgmma's M");
+static_assert(TILE * PART == THREADS, "PART copy threads a token cover the tile");
+static_assert(MX_BLOCK == 32 && ROW_BYTES % 16 == 0, "a 16-byte chunk of codes is one E8M0 block");
+static_assert(CHUNKS * 64 == D_QK && V_CHUNKS * 2 * 64 == D_V, "64-dim chunks");
+
+struct alignas(1024) Smem {
+    union {
+        struct {
+            unsigned char q[CHUNKS * CHUNK_BYTES];  // Q' [chunk][head][128 B swizzled]
+            unsigned char k[CHUNKS * CHUNK_BYTES];  // K' [chunk][token][128 B swizzled]
+        } t;
+        float out[ROW_HEADS][OUT_STRIDE];           // after the last tile: O, for whole-row stores
+    } u;
+    unsigned char p[CHUNK_BYTES];                   // P [head][token 128 B swizzled]
+    unsigned char raw[STAGES][TILE * ROW_BYTES];
+    unsigned char sc[STAGES][TILE * SCALES];
+    union {
+        f32x4 xs[2][4][128];                        // partial scores a warpgroup hands the other
+        ScheduleSmem<THREADS> sched;                // before the first tile
+    } x;
+    float mx[2][ROW_HEADS];                         // each warpgroup's maxima of a tile
+    float lsum[2][ROW_HEADS];                       // each warpgroup's l at the end
+    WorkItem item;
+    int last;
+};
+static_assert(sizeof(Smem) == 212992, "hipmla.kernels.sm90_rows64_shared_bytes() launches with this");
+static_assert(sizeof(float) * ROW_HEADS * OUT_STRIDE <= sizeof(Smem::u), "O's stage fits over Q' and K'");
+
+// Element x (0..7) of a 16-byte unit holds dim 8 word + perm(x) (e2m1x8_to_bf16x2_scaled_down's pairs).
+HIPMLA_DEVICE constexpr int perm(int x) { return (x >> 1) + 4 * (x & 1); }
+
+// Q' = Q * 2^64 of the item's 64 heads (exact in bf16 for |q| < 2^64), once, in K''s layout.
+HIPMLA_DEVICE void fill_q(unsigned q_base, const unsigned short* q, int tid) {
+    for (int i = tid; i < ROW_HEADS * D_QK / 8; i += THREADS) {
+        const int r = i / (D_QK / 8), word = i % (D_QK / 8);
+        const u32x4 v = *reinterpret_cast<const u32x4*>(q + r * D_QK + 8 * word);
+        const unsigned src[4] = {v.x, v.y, v.z, v.w};
+        unsigned x[4];
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            unsigned half[2];
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const int d = perm(2 * e + h);
+                const unsigned bits = (src[d >> 1] >> (16 * (d & 1))) & 0xffffu;
+                half[h] = f32_to_bf16_bits(bf16_to_f32(bits) * exp2_int(QSHIFT));
+            }
+            x[e] = half[0] | (half[1] << 16);
+        }
+        st_shared_v4(swizzled_unit(q_base + (word >> 3) * CHUNK_BYTES, r, word & 7), x);
+    }
+}
+
+// The thread's (token, block) pairs pi = tid + THREADS k of a raw tile into K' (the lanes
+// of a warp: consecutive tokens of one block, so each 16-byte store phase covers 8 rows'
+// different swizzled units). Every pair's bytes are loaded before the first is converted:
+// one shared-memory latency, not one a pair.
+HIPMLA_DEVICE void dequant_tile(const unsigned char* raw, const unsigned char* sc, unsigned k_base, int tid) {
+    u32x4 v[PAIRS];
+    unsigned m[PAIRS];
+#pragma unroll
+    for (int k = 0; k < PAIRS; ++k) {
+        const int pi = tid + THREADS * k;
+        if (pi < TILE * SCALES) {
+            const int r = pi % TILE, b = pi / TILE;
+            v[k] = *reinterpret_cast<const u32x4*>(raw + r * ROW_BYTES + 16 * b);
+            m[k] = sc[r * SCALES + b];
+        }
+    }
+#pragma unroll
+    for (int k = 0; k < PAIRS; ++k) {
+        const int pi = tid + THREADS * k;
+        if (pi >= TILE * SCALES) break;
+        const int r = pi % TILE, b = pi / TILE;
+        const unsigned mk = e8m0_multiplier(m[k]);
+        const unsigned wv[4] = {v[k].x, v[k].y, v[k].z, v[k].w};
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            unsigned x[4];
+            e2m1x8_to_bf16x2_scaled_down(wv[i], x);
+#pragma unroll
+            for (int j = 0; j < 4; ++j) x[j] = mul_bf16x2(x[j], mk);
+            const int word = 4 * b + i;
+            const unsigned a = swizzled_unit(k_base + (word >> 3) * CHUNK_BYTES, r, word & 7);
+            asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(a), "r"(x[0]), "r"(x[1]), "r"(x[2]), "r"(x[3]));
+        }
+    }
+}
+
+// A thread's share of the 64 heads (rows r0, r1 of every accumulator): O for its
+// warpgroup's 4 chunks of output dims, the running max (log2 domain) and its tokens' sum.
+template <int WG>
+struct Rows {
+    float o[V_CHUNKS][32];
+    float m_run[2], l_run[2];
+    int r0, r1, t, wtid;
+
+    HIPMLA_DEVICE void init(int tid) {
+        wtid = tid & 127;
+        const int lane = tid & 31;
+        r0 = 16 * (wtid >> 5) + (lane >> 2);
+        r1 = r0 + 8;
+        t = lane & 3;
+#pragma unroll
+        for (int c = 0; c < V_CHUNKS; ++c)
+#pragma unroll
+            for (int e = 0; e < 32; ++e) o[c][e] = 0.0f;
+        m_run[0] = m_run[1] = f32_from_bits(0xff800000u);
+        l_run[0] = l_run[1] = 0.0f;
+    }
+
+    // The tile's scores S (this warpgroup's partial over its dims, 8 column blocks of 8
+    // tokens) -> P in shared memory: the warpgroups trade halves through xs (warpgroup 0
+    // keeps blocks 0-3, 1 blocks 4-7), take the row maxima of their halves, trade them
+    // through mx, and write P rounded to bf16 into the P tile, fenced for the async proxy;
+    // alpha rescales O. Tokens at or past `valid` score -inf. The caller's wgmma wait
+    // covered the last P.V, which read P.
+    HIPMLA_DEVICE void softmax(const float (&s)[32], f32x4* xs, float (*mx)[ROW_HEADS], unsigned p_base, float scale,
+                               int valid) {
+        constexpr int NB = 4;
+        constexpr int GIVE = WG == 0 ? NB : 0, KEEP = WG == 0 ? 0 : NB;
+        const float neg_inf = f32_from_bits(0xff800000u);
+#pragma unroll
+        for (int k = 0; k < NB; ++k)
+            xs[(WG * NB + k) * 128 + wtid] = f32x4{s[4 * (GIVE + k)], s[4 * (GIVE + k) + 1], s[4 * (GIVE + k) + 2],
+                                                   s[4 * (GIVE + k) + 3]};
+        block_sync();
+        float sv[4 * NB];
+#pragma unroll
+        for (int k = 0; k < NB; ++k) {
+            const f32x4 o4 = xs[((1 - WG) * NB + k) * 128 + wtid];
+            const int tok = 8 * (KEEP + k) + 2 * t;
+            const bool v0 = tok < valid, v1 = tok + 1 < valid;
+            sv[4 * k] = v0 ? (s[4 * (KEEP + k)] + o4.x) * scale : neg_inf;
+            sv[4 * k + 1] = v1 ? (s[4 * (KEEP + k) + 1] + o4.y) * scale : neg_inf;
+            sv[4 * k + 2] = v0 ? (s[4 * (KEEP + k) + 2] + o4.z) * scale : neg_inf;
+            sv[4 * k + 3] = v1 ? (s[4 * (KEEP + k) + 3] + o4.w) * scale : neg_inf;
+        }
+        float mx0 = sv[0], mx1 = sv[2];
+#pragma unroll
+        for (int k = 0; k < NB; ++k) {
+            mx0 = fmaxf(mx0, fmaxf(sv[4 * k], sv[4 * k + 1]));
+            mx1 = fmaxf(mx1, fmaxf(sv[4 * k + 2], sv[4 * k + 3]));
+        }
+        mx0 = warp_xor_max(warp_xor_max(mx0, 1), 2);
+        mx1 = warp_xor_max(warp_xor_max(mx1, 1), 2);
+        if (t == 0) {
+            mx[WG][r0] = mx0;
+            mx[WG][r1] = mx1;
+        }
+        block_sync();
+        // A tile has at least one valid token, so the new max is finite (for finite scores).
+        const float mn0 = fmaxf(m_run[0], fmaxf(mx[0][r0], mx[1][r0]));
+        const float mn1 = fmaxf(m_run[1], fmaxf(mx[0][r1], mx[1][r1]));
+        const float a0 = exp2_approx(m_run[0] - mn0), a1 = exp2_approx(m_run[1] - mn1);
+        m_run[0] = mn0;
+        m_run[1] = mn1;
+        float ls0 = 0.0f, ls1 = 0.0f;
+#pragma unroll
+        for (int k = 0; k < NB; ++k) {
+            const int jj = KEEP + k;  // the column block: tokens 8 jj + 2t, + 1
+            const unsigned p0 = pack_bf16x2_rn(exp2_approx(sv[4 * k] - mn0), exp2_approx(sv[4 * k + 1] - mn0));
+            const unsigned p1 = pack_bf16x2_rn(exp2_approx(sv[4 * k + 2] - mn1), exp2_approx(sv[4 * k + 3] - mn1));
+            ls0 += f32_from_bits(p0 << 16) + f32_from_bits(p0 & 0xffff0000u);
+            ls1 += f32_from_bits(p1 << 16) + f32_from_bits(p1 & 0xffff0000u);
+            st_shared_b32(swizzled_unit(p_base, r0, jj) + 4 * t, p0);
+            st_shared_b32(swizzled_unit(p_base, r1, jj) + 4 * t, p1);
+        }
+        l_run[0] = l_run[0] * a0 + ls0;
+        l_run[1] = l_run[1] * a1 + ls1;
+        if (!warp_all(a0 == 1.0f && a1 == 1.0f)) {
+#pragma unroll
+            for (int c = 0; c < V_CHUNKS; ++c)
+#pragma unroll
+                for (int j = 0; j < 8; ++j) {
+                    o[c][4 * j] *= a0;
+                    o[c][4 * j + 1] *= a0;
+                    o[c][4 * j + 2] *= a1;
+                    o[c][4 * j + 3] *= a1;
+                }
+        }
+        fence_async_smem();
+        block_sync();  // P whole (both warpgroups' tokens)
+    }
+
+    // O += P V' over the K' tile: issued and committed, not waited for.
+    HIPMLA_DEVICE void pv(unsigned long long p_desc, unsigned long long v_desc) {
+#pragma unroll
+        for (int c = 0; c < V_CHUNKS; ++c) pin(o[c]);
+        wg_fence();
+#pragma unroll
+        for (int ks = 0; ks < TILE / 16; ++ks)
+#pragma unroll
+            for (int c = 0; c < V_CHUNKS; ++c)
+                wgmma_m64n64k16<1>(o[c], p_desc + unsigned(ks * 32 >> 4),
+                                   v_desc + (unsigned((V_CHUNKS * WG + c) * CHUNK_BYTES + ks * 2048) >> 4));
+        wg_commit();
+    }
+};
+
+// The item's tiles for warpgroup WG; the copies are every thread's (both warpgroups').
+template <int WG>
+HIPMLA_DEVICE void run_tiles(const MlaDecodeParams& p, Smem& sm, const WorkItem& it, int n, int tid, Rows<WG>& st) {
+    const KvRows rows = kv_rows(p, it.seq);
+    const int n_tiles = (n + TILE - 1) / TILE;
+    const int ct = tid / PART, cs = tid % PART;  // copy role: token ct, chunks / E8M0 bytes cs + PART c
+    const unsigned char* kv = static_cast<const unsigned char*>(p.kv);
+    const unsigned k_base = smem_address(sm.u.t.k), p_base = smem_address(sm.p);
+    const unsigned long long q_desc = desc_sw128(smem_address(sm.u.t.q), 16, 1024), k_desc = desc_sw128(k_base, 16, 1024);
+    const unsigned long long p_desc = desc_sw128(p_base, 16, 1024), v_desc = desc_sw128(k_base, 8192, 1024);
+
+    // The thread's copy row of `tile` (0 past the item: its copies zero-fill).
+    auto row_of = [&](int tile) -> long long {
+        const int tok = tile * TILE + ct;
+        return tile < n_tiles && tok < n ? rows.row(it.begin + tok) : 0;
+    };
+    auto issue = [&](int tile, int stage, long long r) {
+        if (tile < n_tiles) {
+            const unsigned bytes = tile * TILE + ct < n ? 16u : 0u;
+            const unsigned char* src = kv + r * ROW_BYTES;
+            const unsigned dst = smem_address(sm.raw[stage] + ct * ROW_BYTES);
+#pragma unroll
+            for (int c = 0; c < COPIES; ++c) {
+                const int chunk = cs + PART * c;
+                if (chunk < ROW_BYTES / 16) cp_async_16(dst + 16 * chunk, src + 16 * chunk, bytes);
+            }
+        }
+        cp_async_commit();
+    };
+    // E8M0 bytes: loaded with the tile's copies, stored to the ring a tile later (after
+    // the math of a tile has hidden their latency). A row past the item takes 0: its codes
+    // are zero-filled.
+    auto load_scales = [&](int tile, long long r, unsigned (&b)[SCALE_LOADS]) {
+        const bool valid = tile < n_tiles && tile * TILE + ct < n;
+#pragma unroll
+        for (int c = 0; c < SCALE_LOADS; ++c) {
+            const int k = cs + PART * c;
+            b[c] = valid && k < SCALES ? unsigned(p.kv_scale[r * p.stride_kv_scale + k]) : 0u;
+        }
+    };
+    auto store_scales = [&](int tile, int stage, const unsigned (&b)[SCALE_LOADS]) {
+        if (tile >= n_tiles) return;
+#pragma unroll
+        for (int c = 0; c < SCALE_LOADS; ++c) {
+            const int k = cs + PART * c;
+            if (k < SCALES) sm.sc[stage][ct * SCALES + k] = (unsigned char)b[c];
+        }
+    };
+
+    unsigned next[SCALE_LOADS];
+    {
+        const long long r0 = row_of(0), r1 = row_of(1);
+        unsigned first[SCALE_LOADS];
+        load_scales(0, r0, first);
+        load_scales(1, r1, next);
+        issue(0, 0, r0);
+        issue(1, 1, r1);
+        fill_q(smem_address(sm.u.t.q), static_cast<const unsigned short*>(p.q) + (long long)it.row * ROW_HEADS * D_QK,
+               tid);
+        store_scales(0, 0, first);
+        store_scales(1, 1, next);
+        fence_async_smem();  // Q' for the first Q.K (the loop's first barrier orders it)
+    }
+#pragma unroll 1
+    for (int tile = 0; tile < n_tiles; ++tile) {
+        const int stage = tile & 1;
+        cp_async_wait<1>();
+        wg_wait<0>();   // this warpgroup's P.V of the last tile has read K' and P
+        block_sync();   // ... and the other's; the raw tile and its E8M0 bytes are in
+        dequant_tile(sm.raw[stage], sm.sc[stage], k_base, tid);
+        fence_async_smem();
+        block_sync();
+        {
+            const long long r = row_of(tile + 2);
+            load_scales(tile + 2, r, next);
+            issue(tile + 2, stage, r);
+        }
+
+        float s[32];
+#pragma unroll
+        for (int e = 0; e < 32; ++e) s[e] = 0.0f;
+        pin(s);
+        wg_fence();
+#pragma unroll
+        for (int i = 0; i < QK_STEPS; ++i) {
+            const int kk = QK_STEPS * WG + i;
+            const unsigned off = unsigned((kk >> 2) * CHUNK_BYTES + (kk & 3) * 32) >> 4;
+            wgmma_m64n64k16<0>(s, q_desc + off, k_desc + off);
+        }
+        wg_commit();
+        wg_wait<0>();
+        pin(s);
+        st.softmax(s, &sm.x.xs[0][0][0], sm.mx, p_base, p.sm_scale_log2, n - tile * TILE);
+        st.pv(p_desc, v_desc);
+        // The stage's E8M0 bytes were read by this tile's dequantization, before its barrier.
+        store_scales(tile + 2, stage, next);
+    }
+    wg_wait<0>();
+#pragma unroll
+    for (int c = 0; c < V_CHUNKS; ++c) pin(st.o[c]);
+}
+
+// After the tiles: O (times 2^64 / l for an output) through shared memory, m and l.
+template <int WG>
+HIPMLA_DEVICE void write_state(const MlaDecodeParams& p, Smem& sm, const WorkItem& it, Rows<WG>& st) {
+    const float l0 = warp_xor_sum(warp_xor_sum(st.l_run[0], 1), 2);
+    const float l1 = warp_xor_sum(warp_xor_sum(st.l_run[1], 1), 2);
+    if (st.t == 0) {
+        sm.lsum[WG][st.r0] = l0;
+        sm.lsum[WG][st.r1] = l1;
+    }
+#ifdef HIPMLA_SELFTEST_BREAK  // test only (hipmla.selftest.broken): a wrong build its check must catch
+    const float out_scale = 1.5f * exp2_int(QSHIFT);
+#else
+    const float out_scale = exp2_int(QSHIFT);
+#endif
+    const float nan = f32_from_bits(0x7fc00000u);
+    block_sync();  // every P.V done (each warpgroup waited for its own): Q' and K' are free
+#pragma unroll
+    for (int c = 0; c < V_CHUNKS; ++c)
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int row = e < 2 ? st.r0 : st.r1;
+                const int dim = 64 * (V_CHUNKS * WG + c) + 8 * j + perm(2 * st.t + (e & 1));
+                sm.u.out[row][dim] = it.bad ? nan : st.o[c][4 * j + e] * out_scale;
+            }
+    if (WG == 0 && st.t == 0) {
+        const int slot = it.n_items > 1 ? it.slot : -1;
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int row = h ? st.r1 : st.r0;
+            const float m = it.bad ? nan : st.m_run[h];
+            const float l = it.bad ? nan : sm.lsum[0][row] + sm.lsum[1][row];
+            if (slot >= 0) {
+                const long long at = (long long)slot * ROW_HEADS + row;  // 16-head slot 4 slot + row / 16
+                p.part_ml[at * 2] = m;
+                p.part_ml[at * 2 + 1] = l;
+            } else if (p.lse != nullptr) {
+                // l = 0 only for an empty sequence; NaN (a bad item) stays NaN.
+                p.lse[(long long)it.row * ROW_HEADS + row] =
+                    !(l <= 0.0f) ? (m + log2_f32(l)) * 0.6931471805599453f : f32_from_bits(0xff800000u);
+            }
+        }
+    }
+}
+
+}  // namespace sm90r
+}  // namespace hipmla
+
+extern "C" __global__ void __launch_bounds__(hipmla::sm90r::THREADS, 1)
+    hipmla_decode_split_sm90_rows64_mxfp4_qbf16(const MlaDecodeParams p) {
+    using namespace hipmla;
+    using namespace hipmla::sm90r;
+    extern __shared__ __align__(1024) unsigned char hipmla_rows64_smem[];
+    Smem& sm = *reinterpret_cast<Smem*>(hipmla_rows64_smem);
+    if (dynamic_smem_size() < sizeof(Smem)) __trap();
+
+    const int tid = int(thread_index());
+    const WorkItem it = schedule_item<THREADS>(p, int(block_index()), sm.x.sched);
+    if (it.seq < 0) return;
+    report_bad_item(p, it);
+    if (tid == 0) sm.item = it;
+    const int n = it.bad ? 0 : it.end - it.begin;
+    if (tid < 128) {
+        Rows<0> st;
+        st.init(tid);
+        run_tiles<0>(p, sm, it, n, tid, st);
+        write_state<0>(p, sm, it, st);
+    } else {
+        Rows<1> st;
+        st.init(tid);
+        run_tiles<1>(p, sm, it, n, tid, st);
+        write_state<1>(p, sm, it, st);
+    }
+    block_sync();
+
+    // O leaves in 16-byte runs of a head's row: a partial (64 consecutive 16-head slot rows)
+    // or the bf16 output divided by l.
+    const WorkItem done = sm.item;
+    const int slot = done.n_items > 1 ? done.slot : -1;
+    constexpr int QUADS = D_V / 4;
+    constexpr int OUT_STEPS = ROW_HEADS * QUADS / THREADS;
+    static_assert(OUT_STEPS * THREADS == ROW_HEADS * QUADS, "the threads cover O's quads evenly");
+#pragma unroll 4
+    for (int k = 0; k < OUT_STEPS; ++k) {
+        const int i = tid + k * THREADS;
+        const int row = i / QUADS, d = 4 * (i % QUADS);
+        const f32x4 a = *reinterpret_cast<const f32x4*>(&sm.u.out[row][d]);
+        if (slot >= 0) {
+            store_global(reinterpret_cast<f32x4*>(p.part_acc + ((long long)slot * ROW_HEADS + row) * D_V + d), a);
+        } else {
+            // An empty sequence has l = 0 and O = 0: its output is 0 (a bad one NaN).
+            const float lh = done.bad ? f32_from_bits(0x7fc00000u) : sm.lsum[0][row] + sm.lsum[1][row];
+            const bool keep = !(lh <= 0.0f);
+            const unsigned b0 = f32_to_bf16_bits(keep ? a.x / lh : 0.0f), b1 = f32_to_bf16_bits(keep ? a.y / lh : 0.0f);
+            const unsigned b2 = f32_to_bf16_bits(keep ? a.z / lh : 0.0f), b3 = f32_to_bf16_bits(keep ? a.w / lh : 0.0f);
+            store_global(reinterpret_cast<u32x2*>(static_cast<unsigned short*>(p.out) +
+                                                  ((long long)done.row * ROW_HEADS + row) * D_V + d),
+                         u32x2{b0 | (b1 << 16), b2 | (b3 << 16)});
+        }
+    }
+    if (slot >= 0) {
+        // The four 16-head rows merge one after the other, each as a 16-head kernel's row.
+#pragma unroll 1
+        for (int j = 0; j < SUB_ROWS; ++j) {
+            WorkItem sub = done;
+            sub.row = SUB_ROWS * done.row + j;
+            sub.slot = SUB_ROWS * done.slot + j;
+            sub.first_slot = SUB_ROWS * done.first_slot + j;
+            sub.slot_stride = SUB_ROWS * done.slot_stride;
+            merge_split_row<THREADS>(p, sub, &sm.last);
+        }
+    }
+}

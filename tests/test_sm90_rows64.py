@@ -1,0 +1,169 @@
+"""The sm_90a kernel of 64 heads a work item (hip_src/decode/split_sm90_rows64.hip).
+
+CPU: the spec and when the decoder picks it, the build (ptxas: no spills, sizeof(Smem) is
+the shared memory the spec launches with), and its emulator schedule (a schedule row of 64
+heads, each 16-head group its own softmax and merge). GPU (``gpu``): ragged paged batches
+of 64 and 128 heads, one and several query tokens, split rows merged in the kernel,
+against that emulator; a wrong build fails its known-answer check.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from hipmla import kernels, selftest
+from hipmla.emulate import emulate_decode
+from hipmla.inputs import make_inputs, random_cache
+from hipmla.paging import random_page_table
+from hipmla.reference import mla_decode_reference
+from hipmla.schedule import SplitPolicy, schedule
+
+SPEC = kernels.sm90_rows64_kernel()
+SM_SCALE = 1 / 24
+
+
+# ----------------------------------------------------------------------------- the spec
+
+
+def test_spec():
+    assert SPEC.symbol == "hipmla_decode_split_sm90_rows64_mxfp4_qbf16"
+    assert SPEC.source == "decode/split_sm90_rows64.hip" and SPEC.archs == ("sm_90",)
+    assert SPEC.compile_arch("sm_90") == "sm_90a" and kernels.sm90_split_kernel("mxfp4").compile_arch("sm_90") == "sm_90"
+    assert SPEC.row_heads == 64 and SPEC.softmax_tile == 64 and SPEC.tile_tokens == 0 and SPEC.block_threads == 256
+    assert kernels.variant_of(SPEC) == ("mxfp4", "bf16")
+    # one block an SM: its dynamic shared memory + 1 KiB reserved within an H100/H200 SM's 228 KiB
+    assert SPEC.dynamic_shared_bytes + 1024 <= 228 * 1024
+
+
+@pytest.mark.parametrize("heads", [16, 32, 64, 128])
+@pytest.mark.parametrize("kv_format,q_precision", [("mxfp4", "bf16"), ("mxfp4", "fp8"), ("fp8", "bf16"),
+                                                   ("bf16", "bf16")])
+def test_decoder_picks_it_for_mxfp4_bf16_q_and_multiples_of_64_heads(kv_format, q_precision, heads):
+    chosen = kernels.decoder_kernel("sm_90", kv_format, q_precision, heads)
+    if (kv_format, q_precision) == ("mxfp4", "bf16") and heads % 64 == 0:
+        assert chosen == SPEC
+    else:
+        assert chosen == kernels.sm90_split_kernel(kv_format, q_precision)
+    # Not on AMD: the arch's fast or portable kernel, whatever the heads.
+    assert kernels.decoder_kernel("gfx942", kv_format, q_precision, heads).source != SPEC.source
+
+
+def test_check_serves_names_the_heads():
+    assert kernels.check_serves(SPEC, "sm_90", "mxfp4", "bf16", 128) is SPEC
+    with pytest.raises(ValueError, match="64 heads a row, this decoder has 32"):
+        kernels.check_serves(SPEC, "sm_90", "mxfp4", "bf16", 32)
+
+
+def test_the_selftest_plan_checks_it_with_64_heads():
+    plan = selftest.device_plan("sm_90", ("mxfp4",))
+    assert (SPEC, "decoder") in plan
+    case = selftest.known_case("mxfp4", heads=SPEC.row_heads)
+    assert case.q.shape[1] == 64
+    assert selftest.broken(SPEC).defines[-1] == (selftest.BREAK_DEFINE, "1")
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="no nvcc")
+def test_ptxas_no_spills_and_shared_size_matches(tmp_path):
+    tu = tmp_path / "k.cu"
+    tu.write_text(kernels.translation_unit(SPEC.source))
+    defines = SPEC.options("sm_90")
+    done = subprocess.run(["nvcc", "-arch=sm_90a", "-cubin", "-O3", "-Xptxas", "-v", *defines, "-x", "cu", str(tu),
+                           "-o", str(tmp_path / "k.cubin")], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert "0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads" in done.stderr, done.stderr
+    assert int(re.search(r"Used (\d+) registers", done.stderr).group(1)) <= 255
+    host = tmp_path / "size.cu"
+    host.write_text(tu.read_text() + '\n#include <cstdio>\nint main() { std::printf("%zu\\n", '
+                    "sizeof(hipmla::sm90r::Smem)); return 0; }\n")
+    exe = tmp_path / "size"
+    done = subprocess.run(["nvcc", "-gencode=arch=compute_90a,code=sm_90a", *defines, "-x", "cu", str(host), "-o", str(exe)],
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert int(subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout) == \
+        SPEC.dynamic_shared_bytes
+
+
+def test_source_rejects_other_specialisations():
+    source = kernels.translation_unit(SPEC.source)
+    assert "reads an mxfp4 cache with bf16 Q only" in source
+    assert re.search(r"constexpr int TILE = (\d+);", source.split("namespace sm90r")[1]).group(1) == \
+        str(kernels.SM90_ROWS64_TILE)
+
+
+# ----------------------------------------------------------------------------- the emulated schedule
+
+
+def test_row_heads_64_splits_by_64_head_rows():
+    """A 64-head schedule row: heads / 64 rows a query token for the split, every 16-head
+    group of a row with that row's items (not the 16-head schedule's)."""
+    lens = np.array([0, 1, 63, 64, 65, 700, 3000])
+    inputs = make_inputs(lens, "mxfp4", seed=11, heads=128, sm_scale=SM_SCALE)
+    policy = SplitPolicy.for_device(8)
+    wide, narrow = (schedule(lens, policy, head_groups=g) for g in (2, 8))
+    assert wide.size != narrow.size  # the two splits differ for this batch
+    out, lse = emulate_decode(inputs.q, inputs.kv, inputs.layout, SM_SCALE, policy, tile_tokens=64, row_heads=64)
+    ref_out, ref_lse = mla_decode_reference(inputs.q, inputs.kv, inputs.layout, SM_SCALE)
+    err = np.abs(out.astype(np.float32) - ref_out)
+    assert (err <= 2e-2 * (1 + np.abs(ref_out))).all()
+    fin = np.isfinite(ref_lse)
+    assert (np.isneginf(lse) == ~fin).all() and np.abs(lse[fin] - ref_lse[fin]).max() < 1e-2
+    # With no split at all (one item a row) the row size cannot matter.
+    whole = SplitPolicy(target_items=1, min_split_tokens=1 << 20)
+    a = emulate_decode(inputs.q, inputs.kv, inputs.layout, SM_SCALE, whole, tile_tokens=64, row_heads=64)
+    b = emulate_decode(inputs.q, inputs.kv, inputs.layout, SM_SCALE, whole, tile_tokens=64)
+    assert np.array_equal(a[0].view(np.uint16), b[0].view(np.uint16)) and np.array_equal(a[1], b[1])
+
+
+@pytest.mark.parametrize("row_heads", [0, 8, 48, 256, True])
+def test_row_heads_must_divide_the_heads(row_heads):
+    inputs = make_inputs(np.array([5]), "mxfp4", heads=128)
+    with pytest.raises(ValueError, match="row_heads"):
+        emulate_decode(inputs.q, inputs.kv, inputs.layout, SM_SCALE, SplitPolicy.for_device(4), row_heads=row_heads)
+
+
+# ----------------------------------------------------------------------------- on the GPU
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("heads", [64, 128])
+def test_ragged_paged_batch_against_the_emulator(heads):
+    """Lengths around the 64-token tile (0, 1, 63, 64, 65), items split 2-16 ways and merged
+    in the kernel, shuffled 16-row pages with one shared: the decoder runs this kernel and
+    matches its emulator within the bounds every kernel's self-test holds it to."""
+    from hipmla import decode
+
+    rng = np.random.default_rng(heads)
+    lens = np.array([0, 1, 63, 64, 65, 129, 700, 3000, 9000, 20000])
+    layout = random_page_table(lens, 16, rng, spare_pages=7, shared=1)
+    pool = random_cache((int(layout.kv_indices.max()) + 1) * 16, "mxfp4", rng, scale_stride=24)
+    q = rng.standard_normal((lens.size, heads, 576), dtype=np.float32).astype(ml_dtypes.bfloat16)
+    with decode.Decoder("mxfp4", SM_SCALE, heads=heads, max_batch=lens.size) as dec:
+        if dec.device.arch.split(":")[0] != "sm_90":
+            pytest.skip(f"an sm_90 kernel; this device is {dec.device.arch}")
+        assert dec.kernel_symbol == SPEC.symbol and dec.tile_tokens == 64
+        split = schedule(lens, dec.policy, head_groups=heads // 64)
+        assert split.n_items.max() >= 2
+        for _ in range(2):  # and again on the merge counters the first step left
+            out, lse = dec.decode(q, pool, layout)
+            emu_out, emu_lse = dec.emulate(q, pool, layout)
+            assert np.isfinite(out.astype(np.float32)).all()
+            result = selftest.compare(out, lse, emu_out, emu_lse)
+            assert result.passed, f"rows64 {heads} heads: {result.failure}"
+        dec.check_errors()
+
+
+@pytest.mark.gpu
+def test_a_wrong_build_fails_its_check():
+    from hipmla import runtime
+
+    if runtime.device_info(0).arch.split(":")[0] != "sm_90":
+        pytest.skip("an sm_90 kernel")
+    verdict = selftest.check_kernel(selftest.broken(SPEC), use_cache=False)
+    assert not verdict.passed and "off the emulator" in verdict.message
+    assert selftest.check_kernel(SPEC, use_cache=False).passed
