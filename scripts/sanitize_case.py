@@ -6,7 +6,8 @@ multiples of the 64-token tile, a sequence long enough to be split (so its items
 the partials in the kernel, core/merge.h), page tables of page size 1 and 16 with
 pages in random order, several query tokens at 32 heads, a ragged step whose usual
 split has more items than slots, so the fit's longer chunk runs (NVIDIA; on by default
-there), and fp8 / mxfp4 Q (quantized in the block). Exits non-zero if any output is non-finite or far from the emulator.
+there), fp8 / mxfp4 Q (quantized in the block), and 64 / 128 heads (on sm_90 an mxfp4
+cache then runs the 64-head kernel). Exits non-zero if any output is non-finite or far from the emulator.
 """
 
 import sys
@@ -46,7 +47,27 @@ def main() -> int:
         worst = max(worst, several_query_tokens(fmt, rng))
         worst = max(worst, fit_step(fmt, rng))
         worst = max(worst, quantized_q(fmt, rng))
+        worst = max(worst, many_heads(fmt, rng))
     return 0 if worst < 1e-2 else 1
+
+
+def many_heads(fmt: str, rng) -> float:
+    """64 and 128 heads through page tables of 1 and 16 (on sm_90 an mxfp4 cache runs the
+    64-head kernel: 4 slots and 4 row merges an item): the worst |device - emulator|."""
+    worst = 0.0
+    for heads in (64, 128):
+        with Decoder(fmt, 1 / 24, heads=heads) as dec:
+            inputs = make_inputs(LENS, fmt, seed=5, heads=heads, fp8_variant=dec.fp8_variant)
+            for page_size in (1, 16):
+                layout = random_page_table(LENS, page_size, rng, spare_pages=3)
+                kv = scatter(inputs.kv, layout)
+                out, _ = dec.decode(inputs.q, kv, layout)
+                emu, _ = dec.emulate(inputs.q, kv, layout)
+                err = float(np.abs(out.astype(np.float32) - emu.astype(np.float32)).max())
+                print(f"{fmt} {heads} heads ({dec.kernel_symbol}), page {page_size}: "
+                      f"max |device - emulator| = {err:.3e}")
+                worst = max(worst, err if np.isfinite(out.astype(np.float32)).all() else np.inf)
+    return worst
 
 
 def quantized_q(fmt: str, rng) -> float:

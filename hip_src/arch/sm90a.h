@@ -1,6 +1,6 @@
 // NVIDIA Hopper warpgroup instructions (sm_90a: wgmma, setmaxnreg need the "a" target), as
-// small named helpers around inline PTX, for decode/split_sm90_rows64.hip and the rows-64
-// probe (scripts/sm90_rows64_probe.cu). Each cites the PTX ISA (9.0) section it follows.
+// small named helpers around inline PTX, for decode/split_sm90_rows64.hip. Each cites the
+// PTX ISA (9.0) section it follows.
 //
 // Shared-memory operands of wgmma are described by a 64-bit matrix descriptor (PTX ISA
 // 9.7.15.5.1): start address >> 4 (bits 0-13), leading-dimension byte offset >> 4 (LBO,
