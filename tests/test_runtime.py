@@ -716,6 +716,16 @@ class Spec:
     def options(self, arch):
         return [f"-DARCH_{arch}"]
 
+    def compile_arch(self, arch):
+        return arch
+
+
+class SuffixSpec(Spec):
+    """A kernel of arch-specific instructions (as the sm_90a one): compiled for arch + "a"."""
+
+    def compile_arch(self, arch):
+        return arch + "a"
+
 
 @pytest.fixture
 def kernel_modules(monkeypatch):
@@ -751,6 +761,11 @@ def test_load_kernel_prefers_prebuilt(fake, kernel_modules):
     runtime.load_kernel(Spec(), "gfx950")
     assert fake.rtc.compiled == []
     assert ("hipModuleLoadData", b"\x7fELF prebuilt") in fake.hip.calls
+
+
+def test_load_kernel_compiles_for_the_specs_target(fake, kernel_modules):
+    runtime.load_kernel(SuffixSpec(), "sm_90")
+    assert fake.rtc.compiled == [[b"--offload-arch=sm_90a", b"-O3", b"-DARCH_sm_90"]]
 
 
 def test_load_kernel_without_aot_module(fake, kernel_modules, monkeypatch):
