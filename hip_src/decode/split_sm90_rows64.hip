@@ -133,24 +133,37 @@ static_assert(sizeof(float) * ROW_HEADS * OUT_STRIDE <= sizeof(Smem::u), "O's st
 HIPMLA_DEVICE constexpr int perm(int x) { return (x >> 1) + 4 * (x & 1); }
 
 // Q' = Q * 2^64 of the item's 64 heads (exact in bf16 for |q| < 2^64), once, in K''s layout.
+// A thread's 18 16-byte pieces go in Q_BATCH loads at a time, all in flight together: one
+// memory latency a batch, not one a piece.
+constexpr int Q_PIECES = ROW_HEADS * D_QK / 8 / THREADS;
+constexpr int Q_BATCH = 6;
+static_assert(Q_PIECES * THREADS * 8 == ROW_HEADS * D_QK && Q_PIECES % Q_BATCH == 0, "whole batches of Q");
 HIPMLA_DEVICE void fill_q(unsigned q_base, const unsigned short* q, int tid) {
-    for (int i = tid; i < ROW_HEADS * D_QK / 8; i += THREADS) {
-        const int r = i / (D_QK / 8), word = i % (D_QK / 8);
-        const u32x4 v = *reinterpret_cast<const u32x4*>(q + r * D_QK + 8 * word);
-        const unsigned src[4] = {v.x, v.y, v.z, v.w};
-        unsigned x[4];
+#pragma unroll 1
+    for (int b0 = 0; b0 < Q_PIECES; b0 += Q_BATCH) {
+        u32x4 batch[Q_BATCH];
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-            unsigned half[2];
+        for (int k = 0; k < Q_BATCH; ++k) batch[k] = *reinterpret_cast<const u32x4*>(q + 8 * (tid + THREADS * (b0 + k)));
 #pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                const int d = perm(2 * e + h);
-                const unsigned bits = (src[d >> 1] >> (16 * (d & 1))) & 0xffffu;
-                half[h] = f32_to_bf16_bits(bf16_to_f32(bits) * exp2_int(QSHIFT));
+        for (int k = 0; k < Q_BATCH; ++k) {
+            const int i = tid + THREADS * (b0 + k);
+            const int r = i / (D_QK / 8), word = i % (D_QK / 8);
+            const u32x4 v = batch[k];
+            const unsigned src[4] = {v.x, v.y, v.z, v.w};
+            unsigned x[4];
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                unsigned half[2];
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    const int d = perm(2 * e + h);
+                    const unsigned bits = (src[d >> 1] >> (16 * (d & 1))) & 0xffffu;
+                    half[h] = f32_to_bf16_bits(bf16_to_f32(bits) * exp2_int(QSHIFT));
+                }
+                x[e] = half[0] | (half[1] << 16);
             }
-            x[e] = half[0] | (half[1] << 16);
+            st_shared_v4(swizzled_unit(q_base + (word >> 3) * CHUNK_BYTES, r, word & 7), x);
         }
-        st_shared_v4(swizzled_unit(q_base + (word >> 3) * CHUNK_BYTES, r, word & 7), x);
     }
 }
 
