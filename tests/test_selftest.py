@@ -300,7 +300,8 @@ def test_the_broken_build_is_another_code_object_of_the_same_symbol(checks):
     assert bad.symbol == SM90.symbol and "-DHIPMLA_SELFTEST_BREAK=1" in bad.options("sm_90")
     assert selftest.code_hash(bad, "sm_90") != selftest.code_hash(SM90, "sm_90")
     assert "#ifdef HIPMLA_SELFTEST_BREAK" in kernels.translation_unit(kernels.SM90_SOURCE)
-    with pytest.raises(ValueError, match="only decode/split_sm90.hip and decode/split_sm90_rows64.hip have the HIPMLA_SELFTEST_BREAK build"):
+    with pytest.raises(ValueError, match="only decode/split_sm90.hip and decode/split_sm90_rows64.hip have the "
+                                         "HIPMLA_SELFTEST_BREAK build"):
         selftest.broken(PORTABLE)
 
 

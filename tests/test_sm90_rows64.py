@@ -34,7 +34,8 @@ SM_SCALE = 1 / 24
 def test_spec():
     assert SPEC.symbol == "hipmla_decode_split_sm90_rows64_mxfp4_qbf16"
     assert SPEC.source == "decode/split_sm90_rows64.hip" and SPEC.archs == ("sm_90",)
-    assert SPEC.compile_arch("sm_90") == "sm_90a" and kernels.sm90_split_kernel("mxfp4").compile_arch("sm_90") == "sm_90"
+    assert SPEC.compile_arch("sm_90") == "sm_90a"
+    assert kernels.sm90_split_kernel("mxfp4").compile_arch("sm_90") == "sm_90"
     assert SPEC.row_heads == 64 and SPEC.softmax_tile == 64 and SPEC.tile_tokens == 0 and SPEC.block_threads == 256
     assert kernels.variant_of(SPEC) == ("mxfp4", "bf16")
     # one block an SM: its dynamic shared memory + 1 KiB reserved within an H100/H200 SM's 228 KiB
@@ -82,8 +83,8 @@ def test_ptxas_no_spills_and_shared_size_matches(tmp_path):
     host.write_text(tu.read_text() + '\n#include <cstdio>\nint main() { std::printf("%zu\\n", '
                     "sizeof(hipmla::sm90r::Smem)); return 0; }\n")
     exe = tmp_path / "size"
-    done = subprocess.run(["nvcc", "-gencode=arch=compute_90a,code=sm_90a", *defines, "-x", "cu", str(host), "-o", str(exe)],
-                          capture_output=True, text=True)
+    done = subprocess.run(["nvcc", "-gencode=arch=compute_90a,code=sm_90a", *defines, "-x", "cu", str(host),
+                           "-o", str(exe)], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert int(subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout) == \
         SPEC.dynamic_shared_bytes
