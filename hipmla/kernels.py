@@ -27,6 +27,7 @@ from pathlib import Path
 from hipmla.emulate import FAST_SCHEDULES, Q_PRECISIONS, SM90_TILE_TOKENS, TILE_TOKENS
 from hipmla.formats import KV_FORMATS
 from hipmla.reference import D_QK, D_V, HEADS
+from hipmla.schedule import DEFAULT_ITEMS_PER_CU
 
 BLOCK_THREADS = 256
 #: int32 words of the placement scratch before its per-SM words (hip_src/core/placement.h).
@@ -137,7 +138,7 @@ class KernelSpec:
     softmax_tile: int = TILE_TOKENS  # tokens per online-softmax step (the emulator's tile)
     products: str = "bf16"  # what its tensor-core products take (the emulator's products)
     row_heads: int = HEADS  # heads of one schedule row (p.head_groups = heads / row_heads)
-    items_per_cu: int = 2  # work items the split aims for per CU / SM: the blocks resident on one
+    items_per_cu: int = DEFAULT_ITEMS_PER_CU  # work items the split aims for per CU / SM: its resident blocks
     arch_suffix: str = ""  # compiled for the arch plus this ("a": sm_90a, for wgmma)
 
     def builds_for(self, arch: str) -> bool:

@@ -69,7 +69,7 @@ CASE_SEED = 11
 CASE_SM_SCALE = 1 / 24
 #: Bumped when the case or the bounds change: verdicts of another version are run again.
 VERSION = 2
-#: The test-only define of hip_src/decode/split_sm90.hip that makes the kernel wrong.
+#: The test-only define of the sm_90 kernels (split_sm90.hip, split_sm90_rows64.hip) that makes them wrong.
 BREAK_DEFINE = "HIPMLA_SELFTEST_BREAK"
 
 log = logging.getLogger("hipmla")
@@ -320,7 +320,7 @@ def forget() -> None:
 
 
 def broken(spec: kernels.KernelSpec) -> kernels.KernelSpec:
-    """``spec`` built with :data:`BREAK_DEFINE`: the sm_90 kernel then scales its
+    """``spec`` built with :data:`BREAK_DEFINE`: an sm_90 kernel then scales its
     output by 1.5, wrong on purpose — the proof that a wrong build fails its check and
     its decoder falls back."""
     if spec.source not in (kernels.SM90_SOURCE, kernels.SM90_ROWS64_SOURCE):
