@@ -5,7 +5,10 @@
 // Shape vocabulary: b = batch (sequences), h_q = query heads (16 x head_groups), t_q =
 // query tokens of the step (b with q_len 1), d_qk = 576, d_v = 512, n_slots = split partial
 // slots (sized once by the decoder for its largest step). A "row" is 16 heads of one query
-// token: row = query token x head_groups + head group; every kernel computes 16 heads.
+// token: row = query token x head_groups + head group; every kernel computes 16 heads. The
+// 64-row sm_90a kernel's schedule row is 64 heads (head_groups = h_q / 64) or, below 64
+// heads, row_tokens = 64 / h_q query tokens of them; it keys q, out, lse, counters and
+// partials by rows of 16 heads all the same.
 //
 // Everything a step changes lives in device memory (indptr, page table, last-page
 // lengths): the struct itself is the same for every step of a batch size, so a launch
@@ -49,7 +52,7 @@ struct MlaDecodeParams {
                                      //      items of whole fast_tile tiles belong to the arch's fast kernel
     int32_t kv_rows;                 // rows of the cache (kv and kv_scale): no row past it is read; 0: unknown
     int32_t n_indices;               // paged: entries of kv_indices: no entry past it is read; 0: unknown
-    int32_t head_groups;             // h_q / 16 (1, 2, 4 or 8)
+    int32_t head_groups;             // h_q / 16 (1, 2, 4 or 8; the 64-row kernel max(h_q / 64, 1))
     int32_t q_tokens;                // t_q: rows of q / out / lse; with qo_indptr no entry past it is used
     int32_t split_max_ranges;        // > 0: most token ranges (items of a row) per sequence; 0: no cap
     int32_t split_long_range;        // ... unless ceil(len / this) is more: ranges this long are worth a slot
@@ -59,4 +62,6 @@ struct MlaDecodeParams {
     int32_t split_lone_max_ranges;   //      (capped at split_lone_max_ranges) when it gives at most that many
     int32_t split_fit;               // 1: a usual split of more than split_target items takes the first of
                                      //      two longer chunks that gives at most that many (core/schedule.h)
+    int32_t row_tokens;              // query tokens of a schedule row (0 or 1: one; the 64-row sm_90a kernel
+                                     //      with fewer than 64 heads: 64 / h_q, a row of 64 query rows)
 };

@@ -108,6 +108,7 @@ class DecodeParams(ctypes.Structure):
         ("split_lone_below", ctypes.c_int32),
         ("split_lone_max_ranges", ctypes.c_int32),
         ("split_fit", ctypes.c_int32),  # 0: no fit
+        ("row_tokens", ctypes.c_int32),  # query tokens a schedule row (0, 1: one)
     ]
 
     def set_split(self, policy) -> None:

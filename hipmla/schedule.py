@@ -13,6 +13,9 @@ output directly, the items of a split row write partial slots ``first_slot + k *
 slot_stride`` (k < n_items) and the last to finish merges them. Items are range-major
 within a sequence (all its rows of one kv range, then the next range), so the rows that
 read a range run side by side; query token j of n sees ``len - n + j + 1`` tokens.
+The 64-row sm_90a kernel below 64 heads puts ``row_tokens`` query tokens in a row (row
+``q`` is then query tokens ``q .. q + queries - 1``): the item covers what the last of
+them sees (``sees``), and the kernel masks the earlier ones' last tokens.
 """
 
 from __future__ import annotations
@@ -91,6 +94,9 @@ FIT_MAX_ROWS = 1 << 15
 
 #: heads / 16 of the head counts a decoder may serve.
 HEAD_GROUPS = tuple(h // 16 for h in HEAD_COUNTS)
+#: Query tokens a schedule row may hold: 1, or 64 / heads for the 64-row sm_90a kernel
+#: below 64 heads (p.row_tokens).
+ROW_TOKENS = (1, 2, 4)
 
 
 @dataclass(frozen=True)
@@ -166,6 +172,8 @@ class Schedule:
     first_slot: np.ndarray
     slot_stride: np.ndarray
     n_items: np.ndarray
+    queries: np.ndarray  # query tokens of the item's row (1 unless row_tokens > 1)
+    sees: np.ndarray  # kv tokens the row's last query token sees (end <= sees)
     chunk: int
     lone: bool = False  # the lone split ran (SplitPolicy.lone_items)
     fit: int = 0  # > 0: the fit's chunk k - 1 ran (FIT_EIGHTHS)
@@ -273,13 +281,25 @@ def check_head_groups(head_groups) -> int:
     return int(head_groups)
 
 
-def schedule(seq_lens, policy: SplitPolicy, q_lens=None, head_groups: int = 1) -> Schedule:
+def check_row_tokens(row_tokens) -> int:
+    if isinstance(row_tokens, bool) or not isinstance(row_tokens, (int, np.integer)) \
+            or int(row_tokens) not in ROW_TOKENS:
+        raise ValueError(f"row_tokens: expected one of {ROW_TOKENS}, got {row_tokens!r}")
+    return int(row_tokens)
+
+
+def schedule(seq_lens, policy: SplitPolicy, q_lens=None, head_groups: int = 1, row_tokens: int = 1) -> Schedule:
     """The device's split of a batch with these kv lengths (and ``q_lens`` query tokens per
-    sequence, default 1 each; ``head_groups`` = heads / 16), item by item in block order."""
+    sequence, default 1 each; ``head_groups`` = heads / 16), item by item in block order.
+    ``row_tokens``: query tokens of one row (the 64-row sm_90a kernel below 64 heads: 64 /
+    heads; ``head_groups`` is then 1): a row's item covers what its last query token sees."""
     if not isinstance(policy, SplitPolicy):
         raise TypeError(f"policy: expected a hipmla.schedule.SplitPolicy, got {type(policy).__name__}")
     lens = check_lens(seq_lens)
     groups = check_head_groups(head_groups)
+    rt = check_row_tokens(row_tokens)
+    if rt > 1 and groups != 1:
+        raise ValueError(f"row_tokens: several query tokens a row need head_groups 1, got {groups}")
     if q_lens is None:
         nq = np.ones_like(lens)  # one token: it sees the whole sequence (no clamp below)
     else:
@@ -287,7 +307,7 @@ def schedule(seq_lens, policy: SplitPolicy, q_lens=None, head_groups: int = 1) -
         if nq.shape != lens.shape:
             raise ValueError(f"q_lens: expected one count per sequence ({lens.shape[0]}), got shape {nq.shape}")
     align, fast = policy.align_tokens, policy.fast_tile
-    rows = nq * groups
+    rows = -(-nq // rt) * groups
     chunk, base, extra, lone, fit = split_ranges(lens, rows, policy)
     units = -(-lens // align)
     n = base + extra
@@ -297,7 +317,8 @@ def schedule(seq_lens, policy: SplitPolicy, q_lens=None, head_groups: int = 1) -
     local = np.arange(seq.shape[0]) - first[seq]
     r = local % np.maximum(rows[seq], 1)
     k = local // np.maximum(rows[seq], 1)
-    j = r // groups
+    j = r // groups * rt  # the row's first query token
+    queries = np.minimum(rt, nq[seq] - j)
     q_first = np.concatenate([[0], np.cumsum(nq)[:-1]])
     row = (q_first[seq] + j) * groups + r % groups
     ns, us, ls = base[seq], units[seq], lens[seq]
@@ -310,11 +331,12 @@ def schedule(seq_lens, policy: SplitPolicy, q_lens=None, head_groups: int = 1) -
         rem = cut & (k == ns)
         begin = np.where(rem, whole_end, begin)
         end = np.where(rem, ls, end)
-    sees = ls - nq[seq] + j + 1
-    end = np.minimum(end, np.maximum(sees, 0))
+    sees = np.maximum(ls - nq[seq] + j + queries, 0)
+    end = np.minimum(end, sees)
     begin = np.minimum(begin, end)
     return Schedule(seq=seq, row=row, begin=begin, end=end, first_slot=first[seq] + r,
-                    slot_stride=rows[seq], n_items=n[seq], chunk=chunk, lone=lone, fit=fit)
+                    slot_stride=rows[seq], n_items=n[seq], chunk=chunk, lone=lone, fit=fit,
+                    queries=queries, sees=sees)
 
 
 def short_sequences(seq_lens, q_lens) -> np.ndarray:

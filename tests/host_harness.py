@@ -95,8 +95,12 @@ inline void host_wait_vm(int n) {
 """
 
 # core/schedule.h block by block (tests/test_schedule.py, tests/test_placement.py): block
-# b on SM b % sms (0: no SM ids); out[9 b ..]: seq, begin, end, slot, first_slot, n_items,
-# row, slot_stride, bad of its item.
+# b on SM b % sms (0: no SM ids); out[11 b ..]: seq, begin, end, slot, first_slot, n_items,
+# row, slot_stride, bad, queries, sees of its item. Rows of up to 4 query tokens
+# (p.row_tokens), as the 64-row kernel builds it: with row_tokens 1 the same items as the
+# other kernels' build.
+#: ints a block writes in dump_schedule's out.
+SCHEDULE_FIELDS = 11
 SCHEDULE_DUMP = r"""
 extern "C" void dump_schedule(MlaDecodeParams p, int grid, int sms, int* out) {
     std::barrier<> bar(256);
@@ -110,12 +114,13 @@ extern "C" void dump_schedule(MlaDecodeParams p, int grid, int sms, int* out) {
                 hipmla::host_barrier = &bar;
                 hipmla::host_block = unsigned(b);
                 hipmla::host_thread = unsigned(t);
-                const hipmla::WorkItem it = hipmla::schedule_item<256>(p, b, sm);
+                const hipmla::WorkItem it = hipmla::schedule_item<256, 4>(p, b, sm);
                 if (t == 0) {
-                    int* o = out + 9 * b;
+                    int* o = out + 11 * b;
                     o[0] = it.seq; o[1] = it.begin; o[2] = it.end;
                     o[3] = it.slot; o[4] = it.first_slot; o[5] = it.n_items;
                     o[6] = it.row; o[7] = it.slot_stride; o[8] = it.bad;
+                    o[9] = it.queries; o[10] = it.sees;
                 }
             });
         for (auto& th : pool) th.join();

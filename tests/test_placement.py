@@ -17,7 +17,7 @@ import subprocess
 import numpy as np
 import pytest
 
-from host_harness import HOST_PRELUDE, SCHEDULE_DUMP
+from host_harness import HOST_PRELUDE, SCHEDULE_DUMP, SCHEDULE_FIELDS
 from hipmla import kernels
 from hipmla.kernels import DecodeParams, hip_src_dir, translation_unit
 from hipmla.paging import KvLayout
@@ -97,7 +97,7 @@ def _launch(dump, lens, policy: SplitPolicy, sms: int, words: np.ndarray | None,
     lens = np.asarray(lens)
     indptr = np.ascontiguousarray(KvLayout.contiguous(lens).kv_indptr, dtype=np.int32)
     grid = policy.max_items(lens.size)
-    out = np.full((grid, 9), -7, dtype=np.int32)
+    out = np.full((grid, SCHEDULE_FIELDS), -7, dtype=np.int32)
     p = DecodeParams(kv_indptr=indptr.ctypes.data, batch=lens.size, head_groups=1, q_tokens=lens.size,
                      placement=None if words is None else words.ctypes.data,
                      placement_sms=sms if placement_sms is None else placement_sms)
@@ -189,7 +189,7 @@ def test_the_protocol_runs_up_to_as_many_rows_as_sms(dump, groups):
         words[kernels.PLACEMENT_HEADER:] = 7
         indptr = np.ascontiguousarray(KvLayout.contiguous(lens).kv_indptr, dtype=np.int32)
         grid = policy.max_items(rows)
-        out = np.full((grid, 9), -7, dtype=np.int32)
+        out = np.full((grid, SCHEDULE_FIELDS), -7, dtype=np.int32)
         p = DecodeParams(kv_indptr=indptr.ctypes.data, batch=lens.size, head_groups=groups, q_tokens=lens.size,
                          placement=words.ctypes.data, placement_sms=sms)
         p.set_split(policy)

@@ -15,7 +15,7 @@ import subprocess
 import numpy as np
 import pytest
 
-from host_harness import HOST_PRELUDE, SCHEDULE_DUMP
+from host_harness import HOST_PRELUDE, SCHEDULE_DUMP, SCHEDULE_FIELDS
 from hipmla.inputs import random_seq_lens
 from hipmla.kernels import DecodeParams, translation_unit
 from hipmla.paging import KvLayout, random_page_table
@@ -258,10 +258,11 @@ def dump(tmp_path_factory):
     return fn
 
 
-def _device_items(dump, layout: KvLayout, policy: SplitPolicy, qo=None, groups: int = 1) -> np.ndarray:
+def _device_items(dump, layout: KvLayout, policy: SplitPolicy, qo=None, groups: int = 1,
+                  row_tokens: int = 1) -> np.ndarray:
     t_q = layout.batch if qo is None else int(qo[-1])
     grid = policy.max_items(max(t_q * groups, 1))
-    out = np.full((grid, 9), -7, dtype=np.int32)
+    out = np.full((grid, SCHEDULE_FIELDS), -7, dtype=np.int32)
     qo32 = None if qo is None else np.ascontiguousarray(qo, dtype=np.int32)
     indptr = np.ascontiguousarray(layout.kv_indptr, dtype=np.int32)
     indices = np.ascontiguousarray(layout.kv_indices, dtype=np.int32) if layout.paged else None
@@ -271,7 +272,7 @@ def _device_items(dump, layout: KvLayout, policy: SplitPolicy, qo=None, groups: 
                      kv_last_page_len=None if last is None else last.ctypes.data,
                      qo_indptr=None if qo32 is None else qo32.ctypes.data,
                      batch=layout.batch, page_shift=layout.page_size.bit_length() - 1,
-                     head_groups=groups, q_tokens=t_q)
+                     head_groups=groups, q_tokens=t_q, row_tokens=row_tokens)
     p.set_split(policy)
     dump(p, grid, 0, out.ctypes.data)
     return out
@@ -282,6 +283,7 @@ def _assert_items_are(got: np.ndarray, s) -> None:
     want = np.stack([s.seq, s.begin, s.end, np.arange(s.size), s.first_slot, s.n_items, s.row, s.slot_stride],
                     axis=1)
     np.testing.assert_array_equal(got[: s.size, :8], want)
+    np.testing.assert_array_equal(got[: s.size, 9:11], np.stack([s.queries, s.sees], axis=1))
 
 
 @pytest.mark.parametrize("batch", [1, 2, 7, 8, 9, 33])
@@ -405,6 +407,45 @@ def test_device_schedule_of_several_query_tokens_and_heads_equals_the_host_model
         assert s.begin[it[0]] == 0 and s.end[it[-1]] == sees
         assert (s.begin[it[1:]] == s.end[it[:-1]]).all()
         assert list(it) == list(s.first_slot[it[0]] + s.slot_stride[it[0]] * np.arange(it.size))
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_device_schedule_of_several_query_tokens_a_row_equals_the_host_model(dump, seed):
+    # The 64-row kernel below 64 heads: rows of row_tokens query tokens (16 heads x 4, 32
+    # heads x 2), ragged 0..9 query tokens a sequence, so rows of fewer tokens too; paged on
+    # odd seeds; the lone split and the fit on seed 3.
+    rng = np.random.default_rng(700 + seed)
+    rt = [4, 2, 4, 2][seed]
+    q_lens = rng.integers(0, 10, size=[30, 7, 260, 50][seed])
+    lens = q_lens + rng.integers(0, 4000, size=q_lens.size)
+    qo = np.concatenate([[0], np.cumsum(q_lens)])
+    layout = random_page_table(lens, 16, rng, spare_pages=5) if seed % 2 else KvLayout.contiguous(lens)
+    policy = SplitPolicy.for_device(int(rng.integers(1, 140)), items_per_cu=1, lone=seed == 3, fit=seed == 3)
+    got = _device_items(dump, layout, policy, qo, 1, rt)
+    s = schedule(lens, policy, q_lens=q_lens, head_groups=1, row_tokens=rt)
+    _assert_items_are(got, s)
+    assert (got[s.size:, 0] == -1).all()
+    # The rows tile the query tokens in groups of rt from each sequence's first; a row's
+    # items cover what its last token sees, the earlier ones seeing one fewer each.
+    firsts = [int(qo[b]) + j for b in range(lens.size) for j in range(0, int(q_lens[b]), rt)]
+    assert sorted(set(s.row.tolist())) == firsts
+    for r in firsts[::5]:
+        it = s.items_of_row(r)
+        seq = int(s.seq[it[0]])
+        j = r - int(qo[seq])
+        queries = min(rt, int(q_lens[seq]) - j)
+        assert (s.queries[it] == queries).all()
+        assert (s.sees[it] == int(lens[seq]) - int(q_lens[seq]) + j + queries).all()
+        assert s.begin[it[0]] == 0 and s.end[it[-1]] == s.sees[it[0]]
+        assert (s.begin[it[1:]] == s.end[it[:-1]]).all()
+    assert s.size <= policy.max_items(int(qo[-1]))
+
+
+def test_schedule_rows_of_several_query_tokens_take_one_head_group():
+    with pytest.raises(ValueError, match="row_tokens: several query tokens a row need head_groups 1, got 2"):
+        schedule([9], SplitPolicy.for_device(4), q_lens=[2], head_groups=2, row_tokens=2)
+    with pytest.raises(ValueError, match=r"row_tokens: expected one of \(1, 2, 4\), got 3"):
+        schedule([9], SplitPolicy.for_device(4), row_tokens=3)
 
 
 def test_device_schedule_flags_short_sequences_and_bad_query_ranges(dump):

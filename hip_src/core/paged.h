@@ -70,6 +70,8 @@ HIPMLA_DEVICE SeqQuery seq_query(const MlaDecodeParams& p, int seq) {
 
 // h_q / 16; a struct that never set it (0) means 16 heads.
 HIPMLA_DEVICE int head_groups(const MlaDecodeParams& p) { return p.head_groups > 1 ? p.head_groups : 1; }
+// Query tokens of a schedule row; a struct that never set it (0) means 1.
+HIPMLA_DEVICE int row_tokens(const MlaDecodeParams& p) { return p.row_tokens > 1 ? p.row_tokens : 1; }
 // Rows of the step (16 heads of one query token each): q_tokens x groups with qo_indptr, else batch x groups.
 HIPMLA_DEVICE long long step_rows(const MlaDecodeParams& p) {
     return (long long)(p.qo_indptr != nullptr ? p.q_tokens : p.batch) * head_groups(p);

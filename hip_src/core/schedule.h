@@ -63,6 +63,8 @@ struct WorkItem {
     int n_items;     // items of the row; 1: the item writes the output itself
     int bad;         // ERR_* bits: the item writes NaN instead of reading its rows
     int fast;        // whole fast_tile tiles of a valid item: the arch's fast kernel runs it
+    int queries;     // query tokens of the row (1; with p.row_tokens > 1 up to that many)
+    int sees;        // kv tokens its last query token sees (end <= sees; the earlier ones see fewer)
 };
 
 // Values per first-level group of the block scan: THREADS / SCAN_GROUP group sums.
@@ -248,7 +250,9 @@ HIPMLA_DEVICE void report_bad_item(const MlaDecodeParams& p, const WorkItem& it)
 
 // `block`: the block's index, its item unless p.placement hands the items out
 // (core/placement.h: thread THREADS - 1 claims one between the two scans).
-template <int THREADS>
+// MAX_ROW_TOKENS > 1: a kernel whose row may hold several query tokens (p.row_tokens, at
+// most this many); the others keep one a row at no cost (their rows need no division).
+template <int THREADS, int MAX_ROW_TOKENS = 1>
 HIPMLA_DEVICE WorkItem schedule_item(const MlaDecodeParams& p, int block, ScheduleSmem<THREADS>& sm) {
     const int tid = int(thread_index());
     // The last thread has no sequence while the batch is below THREADS: its atomics wait
@@ -260,6 +264,9 @@ HIPMLA_DEVICE WorkItem schedule_item(const MlaDecodeParams& p, int block, Schedu
     const int s0 = tid * per < p.batch ? tid * per : p.batch;
     const int s1 = s0 + per < p.batch ? s0 + per : p.batch;
     const int groups = head_groups(p);
+    const int rt = MAX_ROW_TOKENS > 1 ? row_tokens(p) : 1;
+    // A sequence's rows: its query tokens in groups of rt, times the head groups.
+    auto seq_rows = [&](int n) { return (rt == 1 ? n : (n + rt - 1) / rt) * groups; };
 
     long long mine = 0;
     int qo_bad = 0;
@@ -276,7 +283,7 @@ HIPMLA_DEVICE WorkItem schedule_item(const MlaDecodeParams& p, int block, Schedu
             q0 = qy;
         }
         qo_bad |= qy.bad;
-        mine += (long long)e.tokens * qy.n * groups;
+        mine += (long long)e.tokens * seq_rows(qy.n);
     }
     // A thread with no sequence has no item to find: past the scans it only meets barriers.
     const bool active = s0 < s1;
@@ -308,7 +315,7 @@ HIPMLA_DEVICE WorkItem schedule_item(const MlaDecodeParams& p, int block, Schedu
     long long count = 0, count_lone = 0, count_fit0 = 0, count_fit1 = 0;
     for (int s = s0; s < s1; ++s) {
         const int len = s == s0 ? e0.tokens : seq_extent(p, s).tokens;
-        const int rows = (s == s0 ? q0 : seq_query(p, s)).n * groups;
+        const int rows = seq_rows((s == s0 ? q0 : seq_query(p, s)).n);
         const int base = usual.base_items(len);
         count += (long long)(base + (usual.tail_item(len, base) ? 1 : 0)) * rows;
         int base_lone = 0;
@@ -328,7 +335,7 @@ HIPMLA_DEVICE WorkItem schedule_item(const MlaDecodeParams& p, int block, Schedu
         }
     }
     if (tid == 0) {
-        sm.item = WorkItem{-1, -1, 0, 0, -1, -1, 0, -1, 0, 0};
+        sm.item = WorkItem{-1, -1, 0, 0, -1, -1, 0, -1, 0, 0, 0, 0};
         sm.bad_page = 0;
         // qo_indptr must run from 0 to the query tokens of q, besides rising everywhere.
         sm.qo_bad = p.qo_indptr != nullptr &&
@@ -364,18 +371,21 @@ HIPMLA_DEVICE WorkItem schedule_item(const MlaDecodeParams& p, int block, Schedu
             const SeqQuery qy = s == s0 ? q0 : seq_query(p, s);
             const int base = s == s0 ? first_base : split.base_items(e.tokens);
             const int n = base + (split.tail_item(e.tokens, base) ? 1 : 0);
-            const int rows = qy.n * groups;
+            const int rows = seq_rows(qy.n);
             if (block < first + (long long)n * rows) {
                 const int local = int(block - first);
                 // One query token of 16 heads (rows = 1) needs no division.
                 const int k = rows == 1 ? local : local / rows, r = rows == 1 ? 0 : local % rows;
-                const int j = groups == 1 ? r : r / groups;
+                // The row's first query token j (of rt) and how many it has.
+                const int j = (groups == 1 ? r : r / groups) * rt;
+                const int queries = rt == 1 ? 1 : (qy.n - j < rt ? qy.n - j : rt);
                 WorkItem it;
                 it.seq = s;
                 it.row = (qy.first + j) * groups + (groups == 1 ? 0 : r % groups);
                 split.range(e.tokens, base, k, it.begin, it.end);
-                // Causal within the step: query token j of n sees len - n + j + 1 tokens.
-                const int sees = e.tokens - qy.n + j + 1;
+                // Causal within the step: query token j of n sees len - n + j + 1 tokens;
+                // the item covers what the row's last one sees.
+                const int sees = e.tokens - qy.n + j + queries;
                 const int short_seq = p.qo_indptr != nullptr && !e.bad && e.tokens < qy.n;
                 if (it.end > sees) it.end = sees > 0 ? sees : 0;
                 if (it.begin > it.end) it.begin = it.end;
@@ -385,6 +395,8 @@ HIPMLA_DEVICE WorkItem schedule_item(const MlaDecodeParams& p, int block, Schedu
                 it.n_items = n;
                 it.bad = e.bad | (short_seq ? ERR_Q_LEN : 0);
                 it.fast = 0;
+                it.queries = queries;
+                it.sees = sees > 0 ? sees : 0;
                 sm.item = it;
                 break;
             }
@@ -397,7 +409,7 @@ HIPMLA_DEVICE WorkItem schedule_item(const MlaDecodeParams& p, int block, Schedu
         // Rows of sequences may overlap or fall past the grid: the step computes nothing
         // (no output, no counter touched) and block 0 reports it.
         if (block == 0 && tid == 0 && p.errors != nullptr) atomic_or_device(p.errors, ERR_QO);
-        it = WorkItem{-1, -1, 0, 0, -1, -1, 0, -1, 0, 0};
+        it = WorkItem{-1, -1, 0, 0, -1, -1, 0, -1, 0, 0, 0, 0};
     }
     if (it.seq >= 0 && p.kv_indices != nullptr && it.end > it.begin) {
         // The item's page ids, checked before any row of them is read.
