@@ -46,6 +46,8 @@ from hipmla.validate import check_choice, check_positive_finite
 
 #: Batch the decoder reserves for when the caller does not say.
 DEFAULT_MAX_BATCH = 256
+#: Largest ``q_len`` hint a Decoder takes (64 query tokens fill the 64-row kernel at any head count).
+MAX_Q_LEN = 64
 
 #: Bits of the device's error word (hip_src/core/paged.h, ERR_*): device-side input the
 #: host never reads, found invalid by the kernels. The sequence concerned gets NaN.
@@ -117,14 +119,22 @@ class Decoder:
     ``placement``: on NVIDIA, the first block to reach each SM takes the first work
     items (``hip_src/core/placement.h``); False gives item i to block i, as on AMD.
     ``fit``: a step whose usual split gives more items than slots takes a longer chunk
-    (``hipmla.schedule.FIT_EIGHTHS``); NVIDIA kernels only (None: on there, off on AMD)."""
+    (``hipmla.schedule.FIT_EIGHTHS``); NVIDIA kernels only (None: on there, off on AMD).
+    ``q_len``: query tokens a sequence has in the steps this decoder serves (1, or 1 +
+    draft tokens with MTP / speculative decoding); it only picks the kernel -- on sm_90
+    with an MXFP4 cache and bf16 Q, ``heads x q_len >= 64`` takes the 64-row kernel
+    (:data:`hipmla.kernels.ROWS64_MIN_ROWS`) -- and every step runs with any query tokens
+    a sequence on either kernel."""
 
     def __init__(self, kv_format: str, sm_scale: float, *, q_precision: str = "auto",
                  heads: int = kernels.HEADS, device: int = 0, stream=None,
                  max_batch: int = DEFAULT_MAX_BATCH, max_q_tokens: int | None = None,
                  selftest: bool | None = None, kernel: kernels.KernelSpec | None = None,
-                 placement: bool = True, fit: bool | None = None):
+                 placement: bool = True, fit: bool | None = None, q_len: int = 1):
         check_choice(kv_format, "kv_format", KV_FORMATS)
+        if isinstance(q_len, bool) or not isinstance(q_len, (int, np.integer)) or not 1 <= q_len <= MAX_Q_LEN:
+            raise ValueError(f"q_len: expected an integer in [1, {MAX_Q_LEN}] (query tokens a sequence), "
+                             f"got {q_len!r}")
         if isinstance(device, bool) or not isinstance(device, (int, np.integer)):
             raise TypeError(f"device: expected a device index (int), got {type(device).__name__} {device!r}")
         if device < 0:
@@ -156,7 +166,7 @@ class Decoder:
         # (or ``kernel``, for tests and trials). One that is not the portable kernel serves
         # only once it passed its known-answer check on this arch (hipmla.selftest; the
         # verdict is kept per code object), else the portable kernel does.
-        chosen = kernels.decoder_kernel(arch, kv_format, q_precision, heads) if kernel is None \
+        chosen = kernels.decoder_kernel(arch, kv_format, q_precision, heads, int(q_len)) if kernel is None \
             else kernels.check_serves(kernel, arch, kv_format, q_precision, heads)
         self._split = _selftest.trusted_kernel(chosen, self.device, requested=selftest)
         self._fast = self._split if self._split.tile_tokens else None
@@ -177,9 +187,10 @@ class Decoder:
             scale_log2 = float(np.float32(self.config.sm_scale) * LOG2E)
         self._params.sm_scale_log2 = _f32(scale_log2, "sm_scale")
         self._params.set_split(self.policy)
-        # A schedule row is the kernel's row_heads heads of one query token (16; the
-        # 64-head sm_90a kernel 64), so the device schedule counts heads / row_heads a token.
-        self._params.head_groups = self.config.heads // self._split.row_heads
+        # A schedule row is the kernel's row_heads query rows (16 heads of one query token;
+        # the 64-row sm_90a kernel 64 heads of one, or 64 / heads query tokens of fewer).
+        self._params.head_groups = self._split.head_groups(self.config.heads)
+        self._params.row_tokens = self._split.row_tokens(self.config.heads)
         self._last_key: tuple | None = None  # arguments of the last run, already resolved
         self._launch: Callable[[], None] | None = None  # the launch _last_key was built for
         self.reserve(max_batch, max_q_tokens)
@@ -587,14 +598,16 @@ def _scale_stride(kv_scale, kv_scale_stride: int | None) -> int:
 def gpu_check_backend(index: int = 0):
     """``(label, run)`` for ``python -m hipmla check`` on a GPU."""
     info = runtime.device_info(index)
-    decoders: dict[tuple[str, str], Decoder] = {}
+    decoders: dict[tuple[str, str, int, int], Decoder] = {}
 
     def run(inputs, seqs, q_precision):
         heads = inputs.q.shape[1]
-        key = (inputs.kv.format, q_precision, heads)
+        # The kernel a server of these steps would run (the 64-row kernel with MTP on sm_90).
+        q_len = 1 if inputs.qo_indptr is None else int(np.clip(np.diff(inputs.qo_indptr).max(), 1, MAX_Q_LEN))
+        key = (inputs.kv.format, q_precision, heads, q_len)
         if key not in decoders:
             decoders[key] = Decoder(inputs.kv.format, inputs.sm_scale, q_precision=q_precision, device=index,
-                                    heads=heads)
+                                    heads=heads, q_len=q_len)
         t0 = time.perf_counter()  # wall time of the numpy path: copies in and out included
         out, lse = decoders[key].decode(inputs.q, inputs.kv, inputs.layout, inputs.qo_indptr)
         if inputs.qo_indptr is not None:  # rows are query tokens: those of the sequences asked for

@@ -223,9 +223,12 @@ def emulate_decode(
     length (a policy without ``fast_tile``, as the decoder launches it on gfx950/gfx942),
     so every item follows ``fast_schedule``. ``products``: what the tensor-core products
     take (:data:`PRODUCTS`; ``"f16"``: Q through :func:`f16_q`, P into P.V as f16).
-    ``row_heads``: heads of one schedule row (the 64-head sm_90a kernel: 64, a multiple of
-    16 dividing the heads): the split is the device's for heads / row_heads rows a query
-    token, and each item serves its row's 16-head groups, each with its own softmax and merge."""
+    ``row_heads``: rows of heads x query tokens one schedule row holds (the 64-row sm_90a
+    kernel: 64; a multiple of 16 that divides the heads or that they divide): the split is
+    the device's for heads / row_heads rows a query token, or below row_heads heads for
+    rows of row_heads / heads query tokens (``hipmla.schedule.schedule``'s ``row_tokens``),
+    and each item serves its row's 16-head groups, each with its own softmax and merge over
+    what its query token sees of the item's tokens."""
     from hipmla.queries import check_causal, check_heads, check_qo_indptr, q_lens
 
     if not isinstance(fast_any_length, (bool, np.bool_)):
@@ -254,9 +257,12 @@ def emulate_decode(
     groups = check_heads(heads, "q.shape[1]") // 16 if heads > 16 else 1
     width = heads // groups
     if isinstance(row_heads, bool) or not isinstance(row_heads, (int, np.integer)) or row_heads < 16 \
-            or row_heads % 16 or (row_heads != 16 and heads % row_heads):
-        raise ValueError(f"row_heads: expected a multiple of 16 that divides the {heads} heads, got {row_heads!r}")
-    per_row = int(row_heads) // 16  # 16-head groups of a schedule row
+            or row_heads % 16 or (row_heads != 16 and heads % row_heads and (heads < 16 or row_heads % heads)):
+        raise ValueError(f"row_heads: expected a multiple of 16 that divides the {heads} heads or that they "
+                         f"divide, got {row_heads!r}")
+    # 16-head groups of a schedule row of one query token, or its query tokens (row_tokens).
+    row_tokens = int(row_heads) // heads if 16 <= heads < row_heads else 1
+    per_row = int(row_heads) // 16 if row_tokens == 1 else groups
     if not isinstance(kv, KVCache):
         raise TypeError(f"kv: expected a hipmla.formats.KVCache, got {type(kv).__name__}")
     layout.check_cache(kv.rows)
@@ -268,7 +274,8 @@ def emulate_decode(
         qq = f16_q(qq)
     sel = np.arange(layout.batch) if seqs is None else np.asarray(seqs, dtype=np.int64)
     sched_groups = groups // per_row
-    items = schedule(layout.seq_lens(), policy, q_lens=nq, head_groups=sched_groups)
+    lens = layout.seq_lens()
+    items = schedule(lens, policy, q_lens=nq, head_groups=sched_groups, row_tokens=row_tokens)
     tokens = [np.arange(qo[b], qo[b + 1]) for b in sel]
     n_out = int(sum(t.size for t in tokens))
     out = np.empty((n_out, heads, D_V), dtype=to_bf16(0).dtype)
@@ -276,12 +283,18 @@ def emulate_decode(
     i = 0
     for b, toks in zip(sel, tokens):
         for t in toks:
+            j_q = int(t - qo[b])  # query token j_q of the sequence's n sees len - n + j_q + 1
+            sees = int(lens[b]) - int(qo[b + 1] - qo[b]) + j_q + 1
+            row_first = int(qo[b]) + j_q // row_tokens * row_tokens  # the row's first query token
             for g in range(groups):
                 parts = []
                 h = slice(width * g, width * (g + 1))
                 qrow = qq[t, h]
-                for j in items.items_of_row(int(t) * sched_groups + g // per_row):
-                    t0, t1 = int(items.begin[j]), int(items.end[j])
+                for j in items.items_of_row(row_first * sched_groups + g // per_row):
+                    # A row of several query tokens covers what its last one sees; the
+                    # kernel masks the rest of the item for the earlier ones.
+                    t1 = min(int(items.end[j]), sees)
+                    t0 = min(int(items.begin[j]), t1)
                     k = kv.dequantize(layout.rows(int(b), t0, t1))
                     if fast_any_length or (policy.fast_tile and t1 > t0 and (t1 - t0) % policy.fast_tile == 0):
                         parts.append(emulate_fast_item(qrow, k, scale_log2, fast_schedule))

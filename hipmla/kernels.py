@@ -138,7 +138,7 @@ class KernelSpec:
     tile_tokens: int = 0  # > 0: a tiled fast kernel's step (partial last tiles masked inside); 0: none
     softmax_tile: int = TILE_TOKENS  # tokens per online-softmax step (the emulator's tile)
     products: str = "bf16"  # what its tensor-core products take (the emulator's products)
-    row_heads: int = HEADS  # heads of one schedule row (p.head_groups = heads / row_heads)
+    row_heads: int = HEADS  # query rows (heads x query tokens) of one schedule row
     items_per_cu: int = DEFAULT_ITEMS_PER_CU  # work items the split aims for per CU / SM: its resident blocks
     arch_suffix: str = ""  # compiled for the arch plus this ("a": sm_90a, for wgmma)
 
@@ -152,8 +152,17 @@ class KernelSpec:
         return arch.split(":", 1)[0] + self.arch_suffix if self.arch_suffix else arch
 
     def serves_heads(self, heads: int) -> bool:
-        """Whether a model of ``heads`` heads fills this kernel's rows."""
-        return heads % self.row_heads == 0
+        """Whether a model of ``heads`` heads fills this kernel's rows: with a multiple of
+        ``row_heads`` heads, or (16+ heads dividing it) with row_heads / heads query tokens."""
+        return heads % self.row_heads == 0 or (heads >= HEADS and self.row_heads % heads == 0)
+
+    def head_groups(self, heads: int) -> int:
+        """``p.head_groups`` for ``heads`` heads: schedule rows a query token."""
+        return max(heads // self.row_heads, 1)
+
+    def row_tokens(self, heads: int) -> int:
+        """``p.row_tokens`` for ``heads`` heads: query tokens a schedule row."""
+        return self.row_heads // heads if heads < self.row_heads else 1
 
     def options(self, arch: str) -> list[str]:
         """``-D`` options for ``arch`` (``"gfx950"``, ``"gfx942:sramecc+:xnack-"``,
@@ -338,12 +347,17 @@ def sm90_split_kernel(kv_format: str, q_precision: str = "bf16") -> KernelSpec:
 
 # --- sm_90a kernel of 64 heads a work item (hip_src/decode/split_sm90_rows64.hip) --------
 #
-# An MXFP4 cache with bf16 Q for models of 64 or 128 heads: 64 heads of a query token are
-# wgmma's M, so K is dequantized once per 64 heads. A schedule row is 64 heads
-# (row_heads): the decoder passes head_groups = heads / 64 and sizes 4 partial slots an item.
+# An MXFP4 cache with bf16 Q for steps of 64+ query rows a sequence (heads x query tokens:
+# 64 or 128 heads, or 16 / 32 heads with MTP): 64 rows are wgmma's M, so K is dequantized
+# once per 64 rows. A schedule row is 64 rows (row_heads): the decoder passes head_groups =
+# max(heads / 64, 1), row_tokens = 64 / heads below 64 heads, and sizes 4 partial slots an
+# item.
 
 SM90_ROWS64_SOURCE = "decode/split_sm90_rows64.hip"
 SM90_ROWS64_HEADS = 64
+#: Query rows a sequence's step needs (heads x q_len) before the decoder takes the 64-row
+#: kernel: then its rows are full (see README, "64 rows a block on sm_90").
+ROWS64_MIN_ROWS = 64
 #: Tokens per online-softmax step of the 64-head kernel (its tile).
 SM90_ROWS64_TILE = 64
 
@@ -377,25 +391,29 @@ def sm90_rows64_kernel() -> KernelSpec:
     )
 
 
-def main_split_kernel(arch: str, kv_format: str, q_precision: str, heads: int = HEADS) -> KernelSpec:
-    """The kernel that takes every item a fast kernel does not: on sm_90 the 64-head kernel
-    for an MXFP4 cache with bf16 Q and a multiple of 64 heads, else the sm_90 tensor-core
+def main_split_kernel(arch: str, kv_format: str, q_precision: str, heads: int = HEADS,
+                      q_len: int = 1) -> KernelSpec:
+    """The kernel that takes every item a fast kernel does not: on sm_90 the 64-row kernel
+    for an MXFP4 cache with bf16 Q where a sequence's step has 64+ query rows (``heads`` x
+    ``q_len`` query tokens, at least ROWS64_MIN_ROWS), else the sm_90 tensor-core
     kernel (with bf16 Q it ran on the H200 against the emulator: tests/test_sm90.py,
     tests/test_decode_gpu.py; with quantized Q on an H100, in the quantization's first form:
     README, "Quantized Q on sm_90"); elsewhere the portable kernel."""
     if isinstance(arch, str) and arch.split(":", 1)[0] == "sm_90":
         rows64 = sm90_rows64_kernel()
-        if (kv_format, q_precision) == variant_of(rows64) and rows64.serves_heads(heads):
+        if (kv_format, q_precision) == variant_of(rows64) and rows64.serves_heads(heads) \
+                and heads * q_len >= ROWS64_MIN_ROWS:
             return rows64
         return sm90_split_kernel(kv_format, q_precision)
     return split_kernel(kv_format, q_precision)
 
 
-def decoder_kernel(arch: str, kv_format: str, q_precision: str, heads: int = HEADS) -> KernelSpec:
-    """The one kernel a decoder of ``heads`` heads launches for every item of a step: the
-    arch's fast kernel where it has one for the cache format and Q, else
-    :func:`main_split_kernel`'s."""
-    return fast_split_kernel(arch, kv_format, q_precision) or main_split_kernel(arch, kv_format, q_precision, heads)
+def decoder_kernel(arch: str, kv_format: str, q_precision: str, heads: int = HEADS, q_len: int = 1) -> KernelSpec:
+    """The one kernel a decoder of ``heads`` heads and steps of ``q_len`` query tokens a
+    sequence launches for every item of a step: the arch's fast kernel where it has one for
+    the cache format and Q, else :func:`main_split_kernel`'s."""
+    return fast_split_kernel(arch, kv_format, q_precision) or \
+        main_split_kernel(arch, kv_format, q_precision, heads, q_len)
 
 
 def variant_of(spec: KernelSpec) -> tuple[str, str]:

@@ -1,10 +1,11 @@
-"""The sm_90a kernel of 64 heads a work item (hip_src/decode/split_sm90_rows64.hip).
+"""The sm_90a kernel of 64 query rows a work item (hip_src/decode/split_sm90_rows64.hip).
 
 CPU: the spec and when the decoder picks it, the build (ptxas: no spills, sizeof(Smem) is
 the shared memory the spec launches with), and its emulator schedule (a schedule row of 64
-heads, each 16-head group its own softmax and merge). GPU (``gpu``): ragged paged batches
-of 64 and 128 heads, one and several query tokens, split rows merged in the kernel,
-against that emulator; a wrong build fails its known-answer check.
+heads, or of 64 / heads query tokens below 64 heads, each 16-head group its own softmax,
+causal bound and merge). GPU (``gpu``): ragged paged batches of 64 and 128 heads, and of
+16 and 32 heads with ragged query tokens (MTP), split rows merged in the kernel, against
+that emulator; a wrong build fails its known-answer check.
 """
 
 from __future__ import annotations
@@ -43,22 +44,28 @@ def test_spec():
 
 
 @pytest.mark.parametrize("heads", [16, 32, 64, 128])
+@pytest.mark.parametrize("q_len", [1, 2, 3, 4, 8])
 @pytest.mark.parametrize("kv_format,q_precision", [("mxfp4", "bf16"), ("mxfp4", "fp8"), ("fp8", "bf16"),
                                                    ("bf16", "bf16")])
-def test_decoder_picks_it_for_mxfp4_bf16_q_and_multiples_of_64_heads(kv_format, q_precision, heads):
-    chosen = kernels.decoder_kernel("sm_90", kv_format, q_precision, heads)
-    if (kv_format, q_precision) == ("mxfp4", "bf16") and heads % 64 == 0:
+def test_decoder_picks_it_for_mxfp4_bf16_q_and_64_rows_a_sequence(kv_format, q_precision, heads, q_len):
+    chosen = kernels.decoder_kernel("sm_90", kv_format, q_precision, heads, q_len)
+    if (kv_format, q_precision) == ("mxfp4", "bf16") and heads * q_len >= kernels.ROWS64_MIN_ROWS:
         assert chosen == SPEC
     else:
         assert chosen == kernels.sm90_split_kernel(kv_format, q_precision)
     # Not on AMD: the arch's fast or portable kernel, whatever the heads.
-    assert kernels.decoder_kernel("gfx942", kv_format, q_precision, heads).source != SPEC.source
+    assert kernels.decoder_kernel("gfx942", kv_format, q_precision, heads, q_len).source != SPEC.source
 
 
-def test_check_serves_names_the_heads():
-    assert kernels.check_serves(SPEC, "sm_90", "mxfp4", "bf16", 128) is SPEC
-    with pytest.raises(ValueError, match="64 heads a row, this decoder has 32"):
-        kernels.check_serves(SPEC, "sm_90", "mxfp4", "bf16", 32)
+@pytest.mark.parametrize("heads,groups,row_tokens", [(16, 1, 4), (32, 1, 2), (64, 1, 1), (128, 2, 1)])
+def test_schedule_rows_for_each_head_count(heads, groups, row_tokens):
+    """p.head_groups and p.row_tokens: 64 query rows a schedule row at every head count."""
+    assert SPEC.serves_heads(heads) and kernels.check_serves(SPEC, "sm_90", "mxfp4", "bf16", heads) is SPEC
+    assert (SPEC.head_groups(heads), SPEC.row_tokens(heads)) == (groups, row_tokens)
+    assert heads * groups * row_tokens // max(heads // 64, 1) == 64 * groups
+    sixteen = kernels.sm90_split_kernel("mxfp4")
+    assert (sixteen.head_groups(heads), sixteen.row_tokens(heads)) == (heads // 16, 1)
+    assert not SPEC.serves_heads(8) and not SPEC.serves_heads(48)
 
 
 def test_the_selftest_plan_checks_it_with_64_heads():
@@ -121,7 +128,34 @@ def test_row_heads_64_splits_by_64_head_rows():
     assert np.array_equal(a[0].view(np.uint16), b[0].view(np.uint16)) and np.array_equal(a[1], b[1])
 
 
-@pytest.mark.parametrize("row_heads", [0, 8, 48, 256, True])
+@pytest.mark.parametrize("heads", [16, 32])
+def test_row_heads_64_below_64_heads_rows_of_query_tokens(heads):
+    """Below 64 heads a schedule row is 64 / heads query tokens: ragged query counts (rows
+    of fewer tokens too), each query token causal within the row's items; against exact
+    attention, and with no split the same bits as one query token a row."""
+    rng = np.random.default_rng(heads)
+    q_lens = np.array([1, 2, 3, 4, 5, 7, 0, 9])
+    lens = q_lens + np.array([0, 1, 60, 64, 70, 700, 5, 2000])
+    qo = np.concatenate([[0], np.cumsum(q_lens)])
+    layout = random_page_table(lens, 16, rng, spare_pages=3)
+    kv = random_cache(int(layout.kv_indices.max() + 1) * 16, "mxfp4", rng, scale_stride=24)
+    q = rng.standard_normal((int(qo[-1]), heads, 576), dtype=np.float32).astype(ml_dtypes.bfloat16)
+    policy = SplitPolicy.for_device(40, items_per_cu=1)
+    split = schedule(lens, policy, q_lens=q_lens, row_tokens=64 // heads)
+    assert split.n_items.max() >= 2 and (split.queries < 64 // heads).any()
+    out, lse = emulate_decode(q, kv, layout, SM_SCALE, policy, tile_tokens=64, row_heads=64, qo_indptr=qo)
+    ref_out, ref_lse = mla_decode_reference(q, kv, layout, SM_SCALE, qo_indptr=qo)
+    assert np.isfinite(ref_lse).all()
+    err = np.abs(out.astype(np.float32) - ref_out)
+    assert (err <= 2e-2 * (1 + np.abs(ref_out))).all()
+    assert np.abs(lse - ref_lse).max() < 1e-2
+    whole = SplitPolicy(target_items=1, min_split_tokens=1 << 20)
+    a = emulate_decode(q, kv, layout, SM_SCALE, whole, tile_tokens=64, row_heads=64, qo_indptr=qo)
+    b = emulate_decode(q, kv, layout, SM_SCALE, whole, tile_tokens=64, qo_indptr=qo)
+    assert np.array_equal(a[0].view(np.uint16), b[0].view(np.uint16)) and np.array_equal(a[1], b[1])
+
+
+@pytest.mark.parametrize("row_heads", [0, 8, 48, 96, True])
 def test_row_heads_must_divide_the_heads(row_heads):
     inputs = make_inputs(np.array([5]), "mxfp4", heads=128)
     with pytest.raises(ValueError, match="row_heads"):
@@ -156,6 +190,37 @@ def test_ragged_paged_batch_against_the_emulator(heads):
             assert np.isfinite(out.astype(np.float32)).all()
             result = selftest.compare(out, lse, emu_out, emu_lse)
             assert result.passed, f"rows64 {heads} heads: {result.failure}"
+        dec.check_errors()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("heads", [16, 32])
+def test_ragged_query_tokens_against_the_emulator(heads):
+    """MTP below 64 heads: rows of 64 / heads query tokens, ragged query counts (0-9, so rows
+    of fewer tokens, and an empty query range), lengths around the tile, items split and
+    merged, paged: the decoder given q_len runs this kernel and matches its emulator."""
+    from hipmla import decode
+
+    rng = np.random.default_rng(100 + heads)
+    q_lens = np.array([1, 2, 3, 4, 5, 7, 0, 9, 4, 4, 6])
+    lens = q_lens + np.array([0, 1, 60, 64, 70, 700, 5, 2000, 9000, 20000, 129])
+    qo = np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int32)
+    layout = random_page_table(lens, 16, rng, spare_pages=7, shared=1)
+    pool = random_cache((int(layout.kv_indices.max()) + 1) * 16, "mxfp4", rng, scale_stride=24)
+    q = rng.standard_normal((int(qo[-1]), heads, 576), dtype=np.float32).astype(ml_dtypes.bfloat16)
+    with decode.Decoder("mxfp4", SM_SCALE, heads=heads, max_batch=lens.size, max_q_tokens=int(qo[-1]),
+                        q_len=64 // heads) as dec:
+        if dec.device.arch.split(":")[0] != "sm_90":
+            pytest.skip(f"an sm_90 kernel; this device is {dec.device.arch}")
+        assert dec.kernel_symbol == SPEC.symbol
+        split = schedule(lens, dec.policy, q_lens=q_lens, row_tokens=64 // heads)
+        assert split.n_items.max() >= 2
+        for _ in range(2):  # and again on the merge counters the first step left
+            out, lse = dec.decode(q, pool, layout, qo_indptr=qo)
+            emu_out, emu_lse = dec.emulate(q, pool, layout, qo_indptr=qo)
+            assert np.isfinite(out.astype(np.float32)).all()
+            result = selftest.compare(out, lse, emu_out, emu_lse)
+            assert result.passed, f"rows64 {heads} heads x MTP: {result.failure}"
         dec.check_errors()
 
 

@@ -1,20 +1,29 @@
-// sm_90a (Hopper) split kernel for 64 heads a work item: an MXFP4 cache with bf16 Q, on the
-// project's serving core, for models of 64 or 128 heads. Built for sm_90a (wgmma).
+// sm_90a (Hopper) split kernel of 64 query rows a work item: an MXFP4 cache with bf16 Q, on
+// the project's serving core, for models of 64 or 128 heads, and for 16 or 32 heads when
+// a step has several query tokens a sequence (MTP: 16 heads x 4 tokens, 32 x 2). Built for
+// sm_90a (wgmma).
 //
-// Why a second sm_90 kernel. With 16 heads (decode/split_sm90.hip) every tensor-core form of
-// sm_90 runs at N <= 16, K is dequantized once per 16 heads and transposed for P.V, and
-// MXFP4 stays near 40% of the read bandwidth (KERNELS.md, "The bound"). Where a query token
-// has 64+ heads, 64 of them fill wgmma's M = 64: K is dequantized once for 64 heads, and both
-// products read it from shared memory, Q.K as the K-major B operand and P.V as the MN-major
-// (transposed) B operand, so nothing is transposed by instructions.
+// Why a second sm_90 kernel. With 16 rows (decode/split_sm90.hip) every tensor-core form of
+// sm_90 runs at N <= 16, K is dequantized once per 16 rows and transposed for P.V, and
+// MXFP4 stays near 40% of the read bandwidth (KERNELS.md, "The bound"). Where a sequence
+// has 64+ rows (heads x query tokens), 64 of them fill wgmma's M = 64: K is dequantized
+// once for 64 rows, and both products read it from shared memory, Q.K as the K-major B
+// operand and P.V as the MN-major (transposed) B operand, so nothing is transposed by
+// instructions.
 //
-// Schedule: the decoder launches it with p.head_groups = heads / 64, so a row of the schedule
-// (core/schedule.h, unchanged) is 64 heads of one query token; item i takes tokens
-// [begin, end) of its sequence for those 64 heads, as 4 rows of 16 heads for everything
-// the rest of the core keys by row: 16-head row 4 it.row + j (its q, out, lse and merge
-// counter), partial slot 4 it.slot + j (first_slot 4 it.first_slot + j, stride
-// 4 it.slot_stride). The decoder sizes the scratch for 4 slots an item. Every block merges
-// its four rows one after the other (core/merge.h, per row as the 16-head kernels do).
+// Schedule: the decoder launches it with p.head_groups = max(heads / 64, 1) and, below 64
+// heads, p.row_tokens = 64 / heads, so a row of the schedule (core/schedule.h) is 64 heads
+// of one query token or 64 / heads query tokens of all heads (it.queries of them: fewer
+// where a sequence's query tokens run out). Item i takes tokens [begin, end) of its sequence
+// for those rows, as up to 4 rows of 16 heads for everything the rest of the core keys by
+// row: 16-head row sub_rows().first + j (its q, out, lse and merge counter; the query
+// rows of a step are 16-head rows in a row, so the 64 are consecutive), partial slot
+// 4 it.slot + j (first_slot 4 it.first_slot + j, stride 4 it.slot_stride). The decoder
+// sizes the scratch for 4 slots an item. Every block merges its rows one after the other
+// (core/merge.h, per row as the 16-head kernels do). Causal within the step: the item
+// ends where its last query token's view does (it.sees); the warp of an earlier query
+// token's 16 heads masks the tokens past its own (row_seen), and Q rows past the item's
+// query tokens are zero and write nothing.
 //
 // Block = 2 warpgroups (256 threads), one block an SM (212,992 B of shared memory).
 // Tile = 64 tokens; an item of n tokens is ceil(n / 64) tiles, the last one masked.
@@ -36,7 +45,10 @@
 //   softmax     one running max a head (log2 domain) moving once a 64-token tile: the quad's
 //               max, then both warpgroups' maxima through mx; P = bf16_rne(exp2(s - m)) into
 //               the P tile ([head][token], 128-byte swizzled: P.V's K-major A operand);
-//               masked tokens (past the item) score -inf, so their P is 0 exactly.
+//               masked tokens (past the item, or past what the warp's query token sees)
+//               score -inf, so their P is 0 exactly. (A non-finite V' of a token an earlier
+//               query token does not see still reaches its O as 0 x inf: the cache rows of a
+//               step's own tokens are the caller's to keep finite.)
 //   O += P V'   wgmma.m64n64k16 with B = the K' tile's first 512 dims read MN-major; warpgroup
 //               wg owns output dims [256 wg, 256 wg + 256): 4 chunks, O is 128 f32 a thread.
 // Lane roles: wgmma's accumulator layout (arch/sm90a.h): thread (warp w of its warpgroup,
@@ -129,6 +141,25 @@ struct alignas(1024) Smem {
 static_assert(sizeof(Smem) == 212992, "hipmla.kernels.sm90_rows64_shared_bytes() launches with this");
 static_assert(sizeof(float) * ROW_HEADS * OUT_STRIDE <= sizeof(Smem::u), "O's stage fits over Q' and K'");
 
+// The item's 16-head rows: the first (its q, out, lse and merge counter; the next ones
+// follow), how many exist (a row of fewer query tokens than p.row_tokens has fewer) and
+// how many a query token has.
+struct SubRows {
+    int first, count, per_token;
+};
+HIPMLA_DEVICE SubRows sub_rows(const MlaDecodeParams& p, const WorkItem& it) {
+    const int per_token = SUB_ROWS / row_tokens(p);
+    return SubRows{it.row * per_token, it.queries * per_token, per_token};
+}
+// Tokens of the item that 16-head row j sees: the item's, less the last ones for a query
+// token before the row's last (causal); 0 past the item's rows or for a bad item.
+HIPMLA_DEVICE int row_seen(const WorkItem& it, const SubRows& sr, int j) {
+    if (it.bad || j >= sr.count) return 0;
+    const int sees = it.sees - (it.queries - 1 - j / sr.per_token);
+    const int end = it.end < sees ? it.end : sees;
+    return end > it.begin ? end - it.begin : 0;
+}
+
 // Element x (0..7) of a 16-byte unit holds dim 8 word + perm(x) (e2m1x8_to_bf16x2_scaled_down's pairs).
 HIPMLA_DEVICE constexpr int perm(int x) { return (x >> 1) + 4 * (x & 1); }
 
@@ -138,12 +169,17 @@ HIPMLA_DEVICE constexpr int perm(int x) { return (x >> 1) + 4 * (x & 1); }
 constexpr int Q_PIECES = ROW_HEADS * D_QK / 8 / THREADS;
 constexpr int Q_BATCH = 6;
 static_assert(Q_PIECES * THREADS * 8 == ROW_HEADS * D_QK && Q_PIECES % Q_BATCH == 0, "whole batches of Q");
-HIPMLA_DEVICE void fill_q(unsigned q_base, const unsigned short* q, int tid) {
+// Rows from `rows` on are no query row of the step (a row of fewer query tokens than
+// row_tokens): they are zero, not read.
+HIPMLA_DEVICE void fill_q(unsigned q_base, const unsigned short* q, int rows, int tid) {
 #pragma unroll 1
     for (int b0 = 0; b0 < Q_PIECES; b0 += Q_BATCH) {
         u32x4 batch[Q_BATCH];
 #pragma unroll
-        for (int k = 0; k < Q_BATCH; ++k) batch[k] = *reinterpret_cast<const u32x4*>(q + 8 * (tid + THREADS * (b0 + k)));
+        for (int k = 0; k < Q_BATCH; ++k) {
+            const int i = tid + THREADS * (b0 + k);
+            batch[k] = i / (D_QK / 8) < rows ? *reinterpret_cast<const u32x4*>(q + 8 * i) : u32x4{0u, 0u, 0u, 0u};
+        }
 #pragma unroll
         for (int k = 0; k < Q_BATCH; ++k) {
             const int i = tid + THREADS * (b0 + k);
@@ -210,8 +246,10 @@ struct Rows {
     float o[V_CHUNKS][32];
     float m_run[2], l_run[2];
     int r0, r1, t, wtid;
+    int n_row;  // tokens of the item its 16-head row (the warp's: heads r0, r1) sees
 
-    HIPMLA_DEVICE void init(int tid) {
+    HIPMLA_DEVICE void init(int tid, int n_row_) {
+        n_row = n_row_;
         wtid = tid & 127;
         const int lane = tid & 31;
         r0 = 16 * (wtid >> 5) + (lane >> 2);
@@ -229,8 +267,10 @@ struct Rows {
     // tokens) -> P in shared memory: the warpgroups trade halves through xs (warpgroup 0
     // keeps blocks 0-3, 1 blocks 4-7), take the row maxima of their halves, trade them
     // through mx, and write P rounded to bf16 into the P tile, fenced for the async proxy;
-    // alpha rescales O. Tokens at or past `valid` score -inf. The caller's wgmma wait
-    // covered the last P.V, which read P.
+    // alpha rescales O. Tokens at or past `valid` (the thread's row's) score -inf; a row may
+    // have none left in a tile (an earlier query token of a row of several), so a max of
+    // -inf is taken as 0: alpha and P are then 0, not NaN. The caller's wgmma wait covered
+    // the last P.V, which read P.
     HIPMLA_DEVICE void softmax(const float (&s)[32], f32x4* xs, float (*mx)[ROW_HEADS], unsigned p_base, float scale,
                                int valid) {
         constexpr int NB = 4;
@@ -265,12 +305,12 @@ struct Rows {
             mx[WG][r1] = mx1;
         }
         block_sync();
-        // A tile has at least one valid token, so the new max is finite (for finite scores).
-        const float mn0 = fmaxf(m_run[0], fmaxf(mx[0][r0], mx[1][r0]));
-        const float mn1 = fmaxf(m_run[1], fmaxf(mx[0][r1], mx[1][r1]));
-        const float a0 = exp2_approx(m_run[0] - mn0), a1 = exp2_approx(m_run[1] - mn1);
-        m_run[0] = mn0;
-        m_run[1] = mn1;
+        const float prev0 = m_run[0], prev1 = m_run[1];
+        m_run[0] = fmaxf(prev0, fmaxf(mx[0][r0], mx[1][r0]));
+        m_run[1] = fmaxf(prev1, fmaxf(mx[0][r1], mx[1][r1]));
+        const float mn0 = m_run[0] == neg_inf ? 0.0f : m_run[0];
+        const float mn1 = m_run[1] == neg_inf ? 0.0f : m_run[1];
+        const float a0 = exp2_approx(prev0 - mn0), a1 = exp2_approx(prev1 - mn1);
         float ls0 = 0.0f, ls1 = 0.0f;
 #pragma unroll
         for (int k = 0; k < NB; ++k) {
@@ -371,8 +411,9 @@ HIPMLA_DEVICE void run_tiles(const MlaDecodeParams& p, Smem& sm, const WorkItem&
         load_scales(1, r1, next);
         issue(0, 0, r0);
         issue(1, 1, r1);
-        fill_q(smem_address(sm.u.t.q), static_cast<const unsigned short*>(p.q) + (long long)it.row * ROW_HEADS * D_QK,
-               tid);
+        const SubRows sr = sub_rows(p, it);
+        fill_q(smem_address(sm.u.t.q), static_cast<const unsigned short*>(p.q) + (long long)sr.first * HEADS * D_QK,
+               sr.count * HEADS, tid);
         store_scales(0, 0, first);
         store_scales(1, 1, next);
         fence_async_smem();  // Q' for the first Q.K (the loop's first barrier orders it)
@@ -406,7 +447,7 @@ HIPMLA_DEVICE void run_tiles(const MlaDecodeParams& p, Smem& sm, const WorkItem&
         wg_commit();
         wg_wait<0>();
         pin(s);
-        st.softmax(s, &sm.x.xs[0][0][0], sm.mx, p_base, p.sm_scale_log2, n - tile * TILE);
+        st.softmax(s, &sm.x.xs[0][0][0], sm.mx, p_base, p.sm_scale_log2, st.n_row - tile * TILE);
         st.pv(p_desc, v_desc);
         // The stage's E8M0 bytes were read by this tile's dequantization, before its barrier.
         store_scales(tile + 2, stage, next);
@@ -444,6 +485,7 @@ HIPMLA_DEVICE void write_state(const MlaDecodeParams& p, Smem& sm, const WorkIte
             }
     if (WG == 0 && st.t == 0) {
         const int slot = it.n_items > 1 ? it.slot : -1;
+        const SubRows sr = sub_rows(p, it);
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
             const int row = h ? st.r1 : st.r0;
@@ -453,9 +495,9 @@ HIPMLA_DEVICE void write_state(const MlaDecodeParams& p, Smem& sm, const WorkIte
                 const long long at = (long long)slot * ROW_HEADS + row;  // 16-head slot 4 slot + row / 16
                 p.part_ml[at * 2] = m;
                 p.part_ml[at * 2 + 1] = l;
-            } else if (p.lse != nullptr) {
-                // l = 0 only for an empty sequence; NaN (a bad item) stays NaN.
-                p.lse[(long long)it.row * ROW_HEADS + row] =
+            } else if (p.lse != nullptr && row < sr.count * HEADS) {
+                // l = 0 only for a row that sees no token; NaN (a bad item) stays NaN.
+                p.lse[(long long)sr.first * HEADS + row] =
                     !(l <= 0.0f) ? (m + log2_f32(l)) * 0.6931471805599453f : f32_from_bits(0xff800000u);
             }
         }
@@ -474,19 +516,20 @@ extern "C" __global__ void __launch_bounds__(hipmla::sm90r::THREADS, 1)
     if (dynamic_smem_size() < sizeof(Smem)) __trap();
 
     const int tid = int(thread_index());
-    const WorkItem it = schedule_item<THREADS>(p, int(block_index()), sm.x.sched);
+    const WorkItem it = schedule_item<THREADS, SUB_ROWS>(p, int(block_index()), sm.x.sched);
     if (it.seq < 0) return;
     report_bad_item(p, it);
     if (tid == 0) sm.item = it;
     const int n = it.bad ? 0 : it.end - it.begin;
+    const int n_row = row_seen(it, sub_rows(p, it), (tid & 127) >> 5);  // the warp's 16 heads
     if (tid < 128) {
         Rows<0> st;
-        st.init(tid);
+        st.init(tid, n_row);
         run_tiles<0>(p, sm, it, n, tid, st);
         write_state<0>(p, sm, it, st);
     } else {
         Rows<1> st;
-        st.init(tid);
+        st.init(tid, n_row);
         run_tiles<1>(p, sm, it, n, tid, st);
         write_state<1>(p, sm, it, st);
     }
@@ -496,6 +539,7 @@ extern "C" __global__ void __launch_bounds__(hipmla::sm90r::THREADS, 1)
     // or the bf16 output divided by l.
     const WorkItem done = sm.item;
     const int slot = done.n_items > 1 ? done.slot : -1;
+    const SubRows sr = sub_rows(p, done);
     constexpr int QUADS = D_V / 4;
     constexpr int OUT_STEPS = ROW_HEADS * QUADS / THREADS;
     static_assert(OUT_STEPS * THREADS == ROW_HEADS * QUADS, "the threads cover O's quads evenly");
@@ -506,23 +550,23 @@ extern "C" __global__ void __launch_bounds__(hipmla::sm90r::THREADS, 1)
         const f32x4 a = *reinterpret_cast<const f32x4*>(&sm.u.out[row][d]);
         if (slot >= 0) {
             store_global(reinterpret_cast<f32x4*>(p.part_acc + ((long long)slot * ROW_HEADS + row) * D_V + d), a);
-        } else {
-            // An empty sequence has l = 0 and O = 0: its output is 0 (a bad one NaN).
+        } else if (row < sr.count * HEADS) {
+            // A row that sees no token has l = 0 and O = 0: its output is 0 (a bad one NaN).
             const float lh = done.bad ? f32_from_bits(0x7fc00000u) : sm.lsum[0][row] + sm.lsum[1][row];
             const bool keep = !(lh <= 0.0f);
             const unsigned b0 = f32_to_bf16_bits(keep ? a.x / lh : 0.0f), b1 = f32_to_bf16_bits(keep ? a.y / lh : 0.0f);
             const unsigned b2 = f32_to_bf16_bits(keep ? a.z / lh : 0.0f), b3 = f32_to_bf16_bits(keep ? a.w / lh : 0.0f);
             store_global(reinterpret_cast<u32x2*>(static_cast<unsigned short*>(p.out) +
-                                                  ((long long)done.row * ROW_HEADS + row) * D_V + d),
+                                                  ((long long)sr.first * HEADS + row) * D_V + d),
                          u32x2{b0 | (b1 << 16), b2 | (b3 << 16)});
         }
     }
     if (slot >= 0) {
-        // The four 16-head rows merge one after the other, each as a 16-head kernel's row.
+        // The item's 16-head rows merge one after the other, each as a 16-head kernel's row.
 #pragma unroll 1
-        for (int j = 0; j < SUB_ROWS; ++j) {
+        for (int j = 0; j < sr.count; ++j) {
             WorkItem sub = done;
-            sub.row = SUB_ROWS * done.row + j;
+            sub.row = sr.first + j;
             sub.slot = SUB_ROWS * done.slot + j;
             sub.first_slot = SUB_ROWS * done.first_slot + j;
             sub.slot_stride = SUB_ROWS * done.slot_stride;

@@ -1,5 +1,5 @@
 """``bench --mtp``: several heads or query tokens a sequence (128 heads x 1 token, 16 heads
-x 4 tokens), as TFLOP/s against a bf16 matmul and GB/s against the read stream, both
+x 4 tokens, ...), as TFLOP/s against a bf16 matmul and GB/s against the read stream, both
 measured in the same run."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from hipmla.inputs import BENCH_SM_SCALE, random_cache
 from hipmla.paging import KvLayout
 
 #: Several heads / query tokens a sequence: (heads, query tokens per sequence).
-MTP_CASES = ((128, 1), (64, 1), (16, 4))
+MTP_CASES = ((128, 1), (64, 1), (32, 2), (16, 2), (16, 4))
 MTP_BATCHES = (32, 128)
 MTP_KV_LEN = 8192
 
@@ -29,11 +29,14 @@ def mtp_flops(heads: int, seen_tokens: int) -> int:
 
 
 def _peers(dec: Decoder) -> list[kernels.KernelSpec | None]:
-    """The decoder's own kernel (None), then, where it runs the 64-head sm_90a kernel, the
-    16-head sm_90 kernel it replaces, timed in the same run for the comparison."""
-    if dec.kernel_symbol != kernels.sm90_rows64_kernel().symbol:
+    """The decoder's own kernel (None), then, where the 64-row sm_90a kernel serves its cache
+    and Q, the other of that kernel and the 16-row sm_90 kernel, timed in the same run for
+    the comparison (what kernels.ROWS64_MIN_ROWS rests on)."""
+    rows64 = kernels.sm90_rows64_kernel()
+    fmt, qp = dec.config.kv_format, dec.config.q_precision
+    if dec.device.arch.split(":", 1)[0] != "sm_90" or (fmt, qp) != kernels.variant_of(rows64):
         return [None]
-    return [None, kernels.sm90_split_kernel(dec.config.kv_format, dec.config.q_precision)]
+    return [None, kernels.sm90_split_kernel(fmt, qp) if dec.kernel_symbol == rows64.symbol else rows64]
 
 
 def run_mtp_bench(formats, iters: int, device: int) -> list[dict]:
@@ -59,7 +62,8 @@ def run_mtp_bench(formats, iters: int, device: int) -> list[dict]:
                 t_q = b * n
                 layout = KvLayout.contiguous(lens)
                 qo = np.arange(0, t_q + 1, n, dtype=np.int32)
-                first = Decoder(fmt, BENCH_SM_SCALE, heads=heads, device=device, max_batch=b, max_q_tokens=t_q)
+                first = Decoder(fmt, BENCH_SM_SCALE, heads=heads, device=device, max_batch=b, max_q_tokens=t_q,
+                                q_len=n)
                 q = rng.standard_normal((t_q, heads, 576), dtype=np.float32).astype(ml_dtypes.bfloat16)
                 host = {"q": q.view(np.uint16), "kv": kv.data, "kv_indptr": layout.kv_indptr.astype(np.int32),
                         "qo_indptr": qo, "kv_scale": kv.scales}
