@@ -934,6 +934,32 @@ def test_emulate_models_the_decoders_own_kernel(monkeypatch, arch, q_precision):
 # ----------------------------------------------------------------------------- several query tokens, heads
 
 
+@pytest.mark.parametrize("heads,q_len,row_tokens", [(16, 4, 4), (32, 2, 2), (16, 8, 4), (64, 2, 1)])
+def test_q_len_takes_the_64_row_kernel_with_rows_of_query_tokens(monkeypatch, heads, q_len, row_tokens):
+    """heads x q_len >= 64 on sm_90 (mxfp4, bf16 Q): the 64-row kernel, launched with rows of
+    64 / heads query tokens below 64 heads; the grid and the slots cover any step."""
+    gpu, dec = make(monkeypatch, heads=heads, max_batch=4, max_q_tokens=16, q_len=q_len)
+    assert dec.kernel_symbol == kernels.sm90_rows64_kernel().symbol
+    dec.run(**mtp_args(3, 11, heads))
+    (launch,) = gpu.launches
+    groups = max(heads // 64, 1)
+    assert (launch.head_groups, launch.row_tokens) == (groups, row_tokens)
+    assert launch.grid[0] == dec.policy.max_items(11 * groups)
+    slots = dec.policy.max_items(16 * groups) * 4
+    assert launch.part_ml - launch.part_acc == slots * 16 * 512 * 4
+    # Below 64 rows, and off sm_90 or for other caches, q_len changes nothing.
+    assert make(monkeypatch, heads=16, q_len=3)[1].kernel_symbol == kernels.sm90_split_kernel("mxfp4").symbol
+    assert make(monkeypatch, kv_format="fp8", heads=heads, q_len=q_len)[1].kernel_symbol == \
+        kernels.sm90_split_kernel("fp8").symbol
+
+
+@pytest.mark.parametrize("q_len", [0, -1, 65, 2.0, True, "4"])
+def test_q_len_is_checked(monkeypatch, q_len):
+    fake_runtime(monkeypatch, "sm_90")
+    with pytest.raises(ValueError, match=r"q_len: expected an integer in \[1, 64\]"):
+        decode.Decoder("mxfp4", 1 / 24, q_len=q_len)
+
+
 def mtp_args(b: int, t_q: int, heads: int, **over) -> dict:
     """run() keywords of a step with ``t_q`` query tokens over ``b`` sequences."""
     return args(b, q=FakeCAI((t_q, heads, D_QK), "<u2", ADDR["q"]), out=FakeCAI((t_q, heads, D_V), "<u2", ADDR["out"]),
@@ -960,6 +986,7 @@ def test_several_query_tokens_and_heads_reach_the_kernel(monkeypatch, heads):
     slots = dec.policy.max_items(8 * heads // row_heads) * (row_heads // 16)
     assert launch.part_ml - launch.part_acc == slots * 16 * 512 * 4
     assert launch.errors + 8 <= scratch.ptr + scratch.nbytes
+    assert launch.row_tokens == 1
     # One query token per sequence and 16 heads: exactly today's step.
     gpu2, dec2 = make(monkeypatch, max_batch=4)
     dec2.run(**args(3))
