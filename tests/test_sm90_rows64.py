@@ -164,6 +164,47 @@ def test_row_heads_must_divide_the_heads(row_heads):
 
 # ----------------------------------------------------------------------------- on the GPU
 
+#: Outputs that may pass the self-test's bound in one ragged batch, each within one P flip.
+P_FLIP_OUTPUTS = 16
+
+
+def assert_matches_emulator(out, lse, emu_out, emu_lse, v_max: float, what: str) -> None:
+    """The self-test's comparison (selftest.compare), but for at most P_FLIP_OUTPUTS
+    outputs within what one P rounded to the other bf16 neighbour moves an output: the
+    tensor cores sum Q.K in another order than the emulator's f64 dot (and this kernel adds
+    two warpgroups' halves), so a P near a rounding boundary may round the other way; that
+    moves o by at most 2^-7 p |v - o| / l <= 2^-6 max|V|, and the most in short sequences
+    of large V (tests measured it: 2 outputs of 737,280, 0.125 at max|emu| 24)."""
+    result = selftest.compare(out, lse, emu_out, emu_lse)
+    if result.passed:
+        return
+    o, e = out.astype(np.float32), emu_out.astype(np.float32)
+    scale = float(np.abs(e).max(initial=0)) or 1.0
+    err = np.nan_to_num(np.abs(o - e), nan=np.inf)
+    past = ~(err <= selftest.EMU_RTOL * np.abs(e) + selftest.EMU_ATOL * scale)
+    assert "LSE" not in result.failure, f"{what}: {result.failure}"
+    assert past.sum() <= P_FLIP_OUTPUTS, f"{what}: {result.failure}"
+    assert (err[past] <= selftest.EMU_RTOL * np.abs(e[past]) + 2.0 ** -6 * v_max).all(), f"{what}: {result.failure}"
+
+
+def test_the_p_flip_allowance_is_narrow():
+    rng = np.random.default_rng(3)
+    emu = (rng.standard_normal((8, 16, 512)) * 4).astype(ml_dtypes.bfloat16)
+    lse = rng.standard_normal((8, 16)).astype(np.float32)
+    dev = emu.copy()
+    dev[1, 2, :2] = (emu[1, 2, :2].astype(np.float32) + 0.3).astype(ml_dtypes.bfloat16)  # two outputs, one flip
+    assert_matches_emulator(dev, lse, emu, lse, 24.0, "flip")
+    with pytest.raises(AssertionError):  # past one flip's reach
+        far = emu.copy()
+        far[1, 2, 0] = np.float32(emu[1, 2, 0]) + 1.0
+        assert_matches_emulator(far, lse, emu, lse, 24.0, "far")
+    with pytest.raises(AssertionError):  # a whole head's row is a bug, not a flip
+        row = emu.copy()
+        row[1, 2] = (emu[1, 2].astype(np.float32) + 0.3).astype(ml_dtypes.bfloat16)
+        assert_matches_emulator(row, lse, emu, lse, 24.0, "row")
+    with pytest.raises(AssertionError):  # the LSE keeps its own bound
+        assert_matches_emulator(dev, lse + 0.01, emu, lse, 24.0, "lse")
+
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("heads", [64, 128])
@@ -184,12 +225,12 @@ def test_ragged_paged_batch_against_the_emulator(heads):
         assert dec.kernel_symbol == SPEC.symbol and dec.tile_tokens == 64
         split = schedule(lens, dec.policy, head_groups=heads // 64)
         assert split.n_items.max() >= 2
+        v_max = float(np.abs(pool.dequantize(np.arange(pool.rows))[:, :512]).max())
         for _ in range(2):  # and again on the merge counters the first step left
             out, lse = dec.decode(q, pool, layout)
             emu_out, emu_lse = dec.emulate(q, pool, layout)
             assert np.isfinite(out.astype(np.float32)).all()
-            result = selftest.compare(out, lse, emu_out, emu_lse)
-            assert result.passed, f"rows64 {heads} heads: {result.failure}"
+            assert_matches_emulator(out, lse, emu_out, emu_lse, v_max, f"rows64 {heads} heads")
         dec.check_errors()
 
 
@@ -215,12 +256,12 @@ def test_ragged_query_tokens_against_the_emulator(heads):
         assert dec.kernel_symbol == SPEC.symbol
         split = schedule(lens, dec.policy, q_lens=q_lens, row_tokens=64 // heads)
         assert split.n_items.max() >= 2
+        v_max = float(np.abs(pool.dequantize(np.arange(pool.rows))[:, :512]).max())
         for _ in range(2):  # and again on the merge counters the first step left
             out, lse = dec.decode(q, pool, layout, qo_indptr=qo)
             emu_out, emu_lse = dec.emulate(q, pool, layout, qo_indptr=qo)
             assert np.isfinite(out.astype(np.float32)).all()
-            result = selftest.compare(out, lse, emu_out, emu_lse)
-            assert result.passed, f"rows64 {heads} heads x MTP: {result.failure}"
+            assert_matches_emulator(out, lse, emu_out, emu_lse, v_max, f"rows64 {heads} heads x MTP")
         dec.check_errors()
 
 
