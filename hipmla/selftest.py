@@ -68,7 +68,8 @@ CASE_PAGE_SIZE = 16
 CASE_SEED = 11
 CASE_SM_SCALE = 1 / 24
 #: Bumped when the case or the bounds change: verdicts of another version are run again.
-VERSION = 2
+#: 3: a kernel of several 16-head rows an item also runs a case of 16 heads x query tokens.
+VERSION = 3
 #: The test-only define of the sm_90 kernels (split_sm90.hip, split_sm90_rows64.hip) that makes them wrong.
 BREAK_DEFINE = "HIPMLA_SELFTEST_BREAK"
 
@@ -126,19 +127,25 @@ class Verdict:
 # ----------------------------------------------------------------------------- the case
 
 
-def known_case(kv_format: str, fp8_variant: str = "e4m3fn", heads: int = HEADS) -> DecodeInputs:
+def known_case(kv_format: str, fp8_variant: str = "e4m3fn", heads: int = HEADS, q_len: int = 1) -> DecodeInputs:
     """The known case in ``kv_format``: :data:`CASE_LENS` over a pool of shuffled
     16-row pages with spare pages between them and one first page shared by two
     sequences; random cache codes (:func:`hipmla.inputs.random_cache`: every code but
-    NaN), N(0,1) Q of ``heads`` heads (a kernel's ``row_heads``). A pure function of its
-    arguments."""
+    NaN), N(0,1) Q of ``heads`` heads (a kernel's ``row_heads``). ``q_len`` > 1: sequence i
+    has min(len_i, q_len - i % 2) query tokens (causal; ragged: 0, 1, q_len and q_len - 1
+    with CASE_LENS), given by ``qo_indptr``. A pure function of its arguments."""
     rng = np.random.default_rng(CASE_SEED)
     lens = np.array(CASE_LENS)
     layout = random_page_table(lens, CASE_PAGE_SIZE, rng, spare_pages=5, shared=1)
     rows = (int(layout.kv_indices.max()) + 1) * CASE_PAGE_SIZE
     kv = random_cache(rows, kv_format, rng, fp8_variant=fp8_variant, scale_stride=24)
-    q = rng.standard_normal((lens.shape[0], heads, D_QK), dtype=np.float32).astype(ml_dtypes.bfloat16)
-    return DecodeInputs(q=q, kv=kv, layout=layout, sm_scale=CASE_SM_SCALE)
+    if q_len == 1:
+        q = rng.standard_normal((lens.shape[0], heads, D_QK), dtype=np.float32).astype(ml_dtypes.bfloat16)
+        return DecodeInputs(q=q, kv=kv, layout=layout, sm_scale=CASE_SM_SCALE)
+    q_lens = np.minimum(lens, q_len - np.arange(lens.shape[0]) % 2)
+    qo = np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int32)
+    q = rng.standard_normal((int(qo[-1]), heads, D_QK), dtype=np.float32).astype(ml_dtypes.bfloat16)
+    return DecodeInputs(q=q, kv=kv, layout=layout, sm_scale=CASE_SM_SCALE, qo_indptr=qo)
 
 
 def compare(out, lse, emu_out, emu_lse) -> Comparison:
@@ -170,22 +177,41 @@ def compare(out, lse, emu_out, emu_lse) -> Comparison:
     return Comparison(worst / scale, lse_worst, "; ".join(failures))
 
 
+def case_shapes(spec: kernels.KernelSpec) -> list[tuple[int, int]]:
+    """(heads, q_len) of the cases ``spec`` runs: its ``row_heads`` heads, and for a kernel
+    of several 16-head rows an item also 16 heads x row_heads / 16 query tokens (its rows
+    of query tokens, each with its own causal bound)."""
+    shapes = [(spec.row_heads, 1)]
+    if spec.row_heads > HEADS:
+        shapes.append((HEADS, spec.row_heads // HEADS))
+    return shapes
+
+
 def run_case(spec: kernels.KernelSpec, device: int = 0) -> Comparison:
-    """The known case through ``spec`` on ``device`` (a decoder of its own, with its own
-    scratch, that launches exactly this kernel), against that kernel's emulator."""
+    """The known case(s) through ``spec`` on ``device`` (a decoder of its own, with its own
+    scratch, that launches exactly this kernel), against that kernel's emulator: the first
+    failure, else the worst errors."""
     from hipmla.decode import Decoder, DeviceInputError, fp8_variant_for  # decode imports this module
 
     kv_format, q_precision = kernels.variant_of(spec)
-    case = known_case(kv_format, fp8_variant_for(runtime.device_info(device).arch), spec.row_heads)
-    with Decoder(kv_format, case.sm_scale, q_precision=q_precision, device=device, kernel=spec,
-                 selftest=False, max_batch=case.batch, heads=spec.row_heads) as dec:
-        out, lse = dec.decode(case.q, case.kv, case.layout)
-        try:
-            dec.check_errors()
-        except DeviceInputError as e:
-            return Comparison(math.inf, math.inf, f"the kernel refused the valid input: {e}")
-        emu_out, emu_lse = dec.emulate(case.q, case.kv, case.layout)
-    return compare(out, lse, emu_out, emu_lse)
+    worst = Comparison(0.0, 0.0, "")
+    for heads, q_len in case_shapes(spec):
+        case = known_case(kv_format, fp8_variant_for(runtime.device_info(device).arch), heads, q_len)
+        t_q = case.q.shape[0]
+        with Decoder(kv_format, case.sm_scale, q_precision=q_precision, device=device, kernel=spec,
+                     selftest=False, max_batch=case.batch, max_q_tokens=t_q, heads=heads) as dec:
+            out, lse = dec.decode(case.q, case.kv, case.layout, case.qo_indptr)
+            try:
+                dec.check_errors()
+            except DeviceInputError as e:
+                return Comparison(math.inf, math.inf, f"the kernel refused the valid input: {e}")
+            emu_out, emu_lse = dec.emulate(case.q, case.kv, case.layout, qo_indptr=case.qo_indptr)
+        result = compare(out, lse, emu_out, emu_lse)
+        if not result.passed:
+            where = "" if q_len == 1 else f"{heads} heads x {q_len} query tokens: "
+            return dataclasses.replace(result, failure=where + result.failure)
+        worst = Comparison(max(worst.worst_error, result.worst_error), max(worst.lse_error, result.lse_error), "")
+    return worst
 
 
 # ----------------------------------------------------------------------------- verdicts

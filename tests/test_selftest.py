@@ -172,7 +172,7 @@ def test_use_cache_false_runs_again_and_replaces_the_verdict(monkeypatch, checks
     assert len(checks.runs) == 2
 
 
-@pytest.mark.parametrize("spoil", [lambda text: "{not json", lambda text: text.replace('"version": 2', '"version": 1'),
+@pytest.mark.parametrize("spoil", [lambda text: "{not json", lambda text: text.replace(f'"version": {selftest.VERSION}', '"version": 1'),
                                    lambda text: text.replace('"code_hash": "', '"code_hash": "00')])
 def test_a_spoiled_or_foreign_verdict_file_is_run_again(monkeypatch, checks, spoil):
     fake_runtime(monkeypatch, "sm_90")
@@ -312,15 +312,38 @@ def test_the_runner_passes_a_device_that_computes_what_the_emulator_does(monkeyp
     fake_runtime(monkeypatch, "sm_90")
     seen = []
 
-    def decode_as_emulated(self, q, kv, layout):
+    def decode_as_emulated(self, q, kv, layout, qo_indptr=None):
         seen.append((self.kernel_symbol, self.tile_tokens, layout.page_size))
-        return self.emulate(q, kv, layout)
+        return self.emulate(q, kv, layout, qo_indptr=qo_indptr)
 
     monkeypatch.setattr(decode.Decoder, "decode", decode_as_emulated)
     verdict = selftest.check_kernel(SM90)
     assert verdict.passed and verdict.worst_error == 0 and verdict.lse_error == 0, verdict
     assert "0/1/33/100/300/700 tokens, pages of 16" in verdict.message
     assert seen == [(SM90.symbol, 32, 16)]  # the kernel's own 32-token softmax steps
+
+
+def test_the_runner_runs_both_cases_of_the_64_row_kernel(monkeypatch, verdicts):
+    """64 heads, then 16 heads x 4 query tokens; a wrong answer in the second alone fails
+    the kernel and says which case."""
+    fake_runtime(monkeypatch, "sm_90")
+    rows64 = kernels.sm90_rows64_kernel()
+    seen = []
+
+    def decode_as_emulated(self, q, kv, layout, qo_indptr=None):
+        seen.append((q.shape[1], None if qo_indptr is None else np.diff(qo_indptr).max()))
+        return self.emulate(q, kv, layout, qo_indptr=qo_indptr)
+
+    monkeypatch.setattr(decode.Decoder, "decode", decode_as_emulated)
+    assert selftest.check_kernel(rows64).passed and seen == [(64, None), (16, 4)]
+
+    def wrong_with_query_tokens(self, q, kv, layout, qo_indptr=None):
+        out, lse = self.emulate(q, kv, layout, qo_indptr=qo_indptr)
+        return (out if qo_indptr is None else out * 2), lse
+
+    monkeypatch.setattr(decode.Decoder, "decode", wrong_with_query_tokens)
+    verdict = selftest.check_kernel(rows64, use_cache=False)
+    assert not verdict.passed and "16 heads x 4 query tokens: " in verdict.message
 
 
 def test_the_runner_fails_the_fakes_zeros(monkeypatch, verdicts):

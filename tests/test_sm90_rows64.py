@@ -74,6 +74,15 @@ def test_the_selftest_plan_checks_it_with_64_heads():
     case = selftest.known_case("mxfp4", heads=SPEC.row_heads)
     assert case.q.shape[1] == 64
     assert selftest.broken(SPEC).defines[-1] == (selftest.BREAK_DEFINE, "1")
+    # ... and with 16 heads x 4 query tokens: rows of 4, 3 and 1 query tokens, an empty one.
+    assert selftest.case_shapes(SPEC) == [(64, 1), (16, 4)]
+    assert selftest.case_shapes(kernels.sm90_split_kernel("mxfp4")) == [(16, 1)]
+    mtp = selftest.known_case("mxfp4", heads=16, q_len=4)
+    assert np.diff(mtp.qo_indptr).tolist() == [0, 1, 4, 3, 4, 3] and mtp.q.shape == (15, 16, 576)
+    assert np.array_equal(mtp.kv.data, case.kv.data) and np.array_equal(mtp.layout.kv_indices, case.layout.kv_indices)
+    split = schedule(mtp.layout.seq_lens(), SplitPolicy.for_device(132, items_per_cu=1, lone=True, fit=True),
+                     q_lens=np.diff(mtp.qo_indptr), row_tokens=4)
+    assert sorted(set(split.queries.tolist())) == [1, 3, 4] and split.n_items.max() >= 2
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="no nvcc")
