@@ -189,8 +189,7 @@ class Decoder:
         self._params.set_split(self.policy)
         # A schedule row is the kernel's row_heads query rows (16 heads of one query token;
         # the 64-row sm_90a kernel 64 heads of one, or 64 / heads query tokens of fewer).
-        self._params.head_groups = self._split.head_groups(self.config.heads)
-        self._params.row_tokens = self._split.row_tokens(self.config.heads)
+        self._params.head_groups, self._params.row_tokens = self._split.schedule_rows(self.config.heads)
         self._last_key: tuple | None = None  # arguments of the last run, already resolved
         self._launch: Callable[[], None] | None = None  # the launch _last_key was built for
         self.reserve(max_batch, max_q_tokens)

@@ -27,7 +27,7 @@ import numpy as np
 from hipmla.formats import FP8_VARIANTS, KVCache, mx_fake_quantize, to_bf16
 from hipmla.paging import KvLayout, as_layout
 from hipmla.reference import D_V, check_q
-from hipmla.schedule import SplitPolicy, schedule
+from hipmla.schedule import SplitPolicy, row_shape, schedule
 from hipmla.validate import check_choice, check_positive_finite
 
 TILE_TOKENS = 64
@@ -229,7 +229,7 @@ def emulate_decode(
     rows of row_heads / heads query tokens (``hipmla.schedule.schedule``'s ``row_tokens``),
     and each item serves its row's 16-head groups, each with its own softmax and merge over
     what its query token sees of the item's tokens."""
-    from hipmla.queries import check_causal, check_heads, check_qo_indptr, q_lens
+    from hipmla.queries import check_causal, check_heads, check_qo_indptr, q_lens, visible
 
     if not isinstance(fast_any_length, (bool, np.bool_)):
         raise TypeError(f"fast_any_length: expected a bool, got {type(fast_any_length).__name__}")
@@ -260,9 +260,9 @@ def emulate_decode(
             or row_heads % 16 or (row_heads != 16 and heads % row_heads and (heads < 16 or row_heads % heads)):
         raise ValueError(f"row_heads: expected a multiple of 16 that divides the {heads} heads or that they "
                          f"divide, got {row_heads!r}")
-    # 16-head groups of a schedule row of one query token, or its query tokens (row_tokens).
-    row_tokens = int(row_heads) // heads if 16 <= heads < row_heads else 1
-    per_row = int(row_heads) // 16 if row_tokens == 1 else groups
+    # Schedule rows a query token, or query tokens a row (fewer than 16 heads are one row).
+    sched_groups, row_tokens = row_shape(max(heads, 16), int(row_heads))
+    per_row = groups // sched_groups  # 16-head groups of a schedule row
     if not isinstance(kv, KVCache):
         raise TypeError(f"kv: expected a hipmla.formats.KVCache, got {type(kv).__name__}")
     layout.check_cache(kv.rows)
@@ -273,7 +273,6 @@ def emulate_decode(
             raise ValueError("products: the fast schedules take bf16 products only")
         qq = f16_q(qq)
     sel = np.arange(layout.batch) if seqs is None else np.asarray(seqs, dtype=np.int64)
-    sched_groups = groups // per_row
     lens = layout.seq_lens()
     items = schedule(lens, policy, q_lens=nq, head_groups=sched_groups, row_tokens=row_tokens)
     tokens = [np.arange(qo[b], qo[b + 1]) for b in sel]
@@ -283,8 +282,8 @@ def emulate_decode(
     i = 0
     for b, toks in zip(sel, tokens):
         for t in toks:
-            j_q = int(t - qo[b])  # query token j_q of the sequence's n sees len - n + j_q + 1
-            sees = int(lens[b]) - int(qo[b + 1] - qo[b]) + j_q + 1
+            j_q = int(t - qo[b])
+            sees = visible(int(lens[b]), int(qo[b + 1] - qo[b]), j_q)
             row_first = int(qo[b]) + j_q // row_tokens * row_tokens  # the row's first query token
             for g in range(groups):
                 parts = []

@@ -27,7 +27,7 @@ from pathlib import Path
 from hipmla.emulate import FAST_SCHEDULES, Q_PRECISIONS, SM90_TILE_TOKENS, TILE_TOKENS
 from hipmla.formats import KV_FORMATS
 from hipmla.reference import D_QK, D_V, HEADS
-from hipmla.schedule import DEFAULT_ITEMS_PER_CU
+from hipmla.schedule import DEFAULT_ITEMS_PER_CU, row_shape
 
 BLOCK_THREADS = 256
 #: int32 words of the placement scratch before its per-SM words (hip_src/core/placement.h).
@@ -156,13 +156,9 @@ class KernelSpec:
         ``row_heads`` heads, or (16+ heads dividing it) with row_heads / heads query tokens."""
         return heads % self.row_heads == 0 or (heads >= HEADS and self.row_heads % heads == 0)
 
-    def head_groups(self, heads: int) -> int:
-        """``p.head_groups`` for ``heads`` heads: schedule rows a query token."""
-        return max(heads // self.row_heads, 1)
-
-    def row_tokens(self, heads: int) -> int:
-        """``p.row_tokens`` for ``heads`` heads: query tokens a schedule row."""
-        return self.row_heads // heads if heads < self.row_heads else 1
+    def schedule_rows(self, heads: int) -> tuple[int, int]:
+        """``(p.head_groups, p.row_tokens)`` for ``heads`` heads (hipmla.schedule.row_shape)."""
+        return row_shape(heads, self.row_heads)
 
     def options(self, arch: str) -> list[str]:
         """``-D`` options for ``arch`` (``"gfx950"``, ``"gfx942:sramecc+:xnack-"``,

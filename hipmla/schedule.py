@@ -281,6 +281,13 @@ def check_head_groups(head_groups) -> int:
     return int(head_groups)
 
 
+def row_shape(heads: int, row_heads: int) -> tuple[int, int]:
+    """``(head_groups, row_tokens)`` of a kernel whose schedule row holds ``row_heads`` query
+    rows, serving ``heads`` heads: rows of row_heads heads of one query token, or below
+    row_heads heads one row a query token group of row_heads / heads tokens."""
+    return (heads // row_heads, 1) if heads >= row_heads else (1, row_heads // heads)
+
+
 def check_row_tokens(row_tokens) -> int:
     if isinstance(row_tokens, bool) or not isinstance(row_tokens, (int, np.integer)) \
             or int(row_tokens) not in ROW_TOKENS:

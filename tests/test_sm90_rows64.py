@@ -61,10 +61,10 @@ def test_decoder_picks_it_for_mxfp4_bf16_q_and_64_rows_a_sequence(kv_format, q_p
 def test_schedule_rows_for_each_head_count(heads, groups, row_tokens):
     """p.head_groups and p.row_tokens: 64 query rows a schedule row at every head count."""
     assert SPEC.serves_heads(heads) and kernels.check_serves(SPEC, "sm_90", "mxfp4", "bf16", heads) is SPEC
-    assert (SPEC.head_groups(heads), SPEC.row_tokens(heads)) == (groups, row_tokens)
+    assert SPEC.schedule_rows(heads) == (groups, row_tokens)
     assert heads * groups * row_tokens // max(heads // 64, 1) == 64 * groups
     sixteen = kernels.sm90_split_kernel("mxfp4")
-    assert (sixteen.head_groups(heads), sixteen.row_tokens(heads)) == (heads // 16, 1)
+    assert sixteen.schedule_rows(heads) == (heads // 16, 1)
     assert not SPEC.serves_heads(8) and not SPEC.serves_heads(48)
 
 
