@@ -343,9 +343,9 @@ def sm90_split_kernel(kv_format: str, q_precision: str = "bf16") -> KernelSpec:
 
 # --- sm_90a kernel of 64 heads a work item (hip_src/decode/split_sm90_rows64.hip) --------
 #
-# An MXFP4 cache with bf16 Q for steps of 64+ query rows a sequence (heads x query tokens:
-# 64 or 128 heads, or 16 / 32 heads with MTP): 64 rows are wgmma's M, so K is dequantized
-# once per 64 rows. A schedule row is 64 rows (row_heads): the decoder passes head_groups =
+# An MXFP4 or fp8 cache with bf16 Q for steps of 64+ query rows a sequence (heads x query
+# tokens: 64 or 128 heads, or 16 / 32 heads with MTP): 64 rows are wgmma's M, so K is
+# dequantized once per 64 rows. A schedule row is 64 rows (row_heads): the decoder passes head_groups =
 # max(heads / 64, 1), row_tokens = 64 / heads below 64 heads, and sizes 4 partial slots an
 # item.
 
@@ -356,28 +356,34 @@ SM90_ROWS64_HEADS = 64
 ROWS64_MIN_ROWS = 64
 #: Tokens per online-softmax step of the 64-head kernel (its tile).
 SM90_ROWS64_TILE = 64
+#: Cache formats the 64-row kernel reads (with bf16 Q). A bf16 cache's 72 KiB raw tile does
+#: not fit beside Q' and K' (72 KiB each) in an SM's 227 KiB.
+ROWS64_FORMATS = ("fp8", "mxfp4")
 
 
-def sm90_rows64_shared_bytes() -> int:
+def sm90_rows64_shared_bytes(kv_format: str = "mxfp4") -> int:
     """Dynamic shared memory of the 64-head sm_90a kernel: ``sizeof(Smem)`` of
-    split_sm90_rows64.hip (Q' and K' of 9 swizzled 8 KiB chunks each, P, a 2-stage ring of
-    raw rows and E8M0 bytes, the partial-score exchange, maxima and sums, the item)."""
+    split_sm90_rows64.hip (Q' and K' of 9 swizzled 8 KiB chunks each, P, a ring of raw rows --
+    mxfp4 2 stages and their E8M0 bytes, fp8 1 stage -- the partial-score exchange, maxima
+    and sums, the item)."""
+    _check_choice(kv_format, "kv_format", ROWS64_FORMATS)
     tile, chunk = SM90_ROWS64_TILE, SM90_ROWS64_TILE * 128
     qk = 2 * (D_QK // 64) * chunk
-    ring = 2 * tile * (D_QK // 2 + D_QK // 32)
+    ring = 2 * tile * (D_QK // 2 + D_QK // 32) if kv_format == "mxfp4" else tile * D_QK + 16
     exchange = 2 * 4 * 128 * 16
     state = 2 * 2 * SM90_ROWS64_HEADS * 4 + 10 * 4 + 4  # mx, lsum, the work item, the arrive flag
     return -(-(qk + chunk + ring + exchange + state) // 1024) * 1024
 
 
-def sm90_rows64_kernel() -> KernelSpec:
-    """The sm_90a kernel of 64 heads a work item (MXFP4 cache, bf16 Q)."""
+def sm90_rows64_kernel(kv_format: str = "mxfp4") -> KernelSpec:
+    """The sm_90a kernel of 64 heads a work item for an MXFP4 or fp8 cache (bf16 Q)."""
+    _check_choice(kv_format, "kv_format", ROWS64_FORMATS)
     return KernelSpec(
-        symbol="hipmla_decode_split_sm90_rows64_mxfp4_qbf16",
+        symbol=f"hipmla_decode_split_sm90_rows64_{kv_format}_qbf16",
         source=SM90_ROWS64_SOURCE,
-        defines=_specialisation("mxfp4", "bf16"),
+        defines=_specialisation(kv_format, "bf16"),
         block_threads=SM90_THREADS,
-        dynamic_shared_bytes=sm90_rows64_shared_bytes(),
+        dynamic_shared_bytes=sm90_rows64_shared_bytes(kv_format),
         archs=("sm_90",),
         tile_tokens=0,
         softmax_tile=SM90_ROWS64_TILE,
@@ -390,16 +396,16 @@ def sm90_rows64_kernel() -> KernelSpec:
 def main_split_kernel(arch: str, kv_format: str, q_precision: str, heads: int = HEADS,
                       q_len: int = 1) -> KernelSpec:
     """The kernel that takes every item a fast kernel does not: on sm_90 the 64-row kernel
-    for an MXFP4 cache with bf16 Q where a sequence's step has 64+ query rows (``heads`` x
+    for an MXFP4 or fp8 cache with bf16 Q where a sequence's step has 64+ query rows (``heads`` x
     ``q_len`` query tokens, at least ROWS64_MIN_ROWS), else the sm_90 tensor-core
     kernel (with bf16 Q it ran on the H200 against the emulator: tests/test_sm90.py,
     tests/test_decode_gpu.py; with quantized Q on an H100, in the quantization's first form:
     README, "Quantized Q on sm_90"); elsewhere the portable kernel."""
     if isinstance(arch, str) and arch.split(":", 1)[0] == "sm_90":
-        rows64 = sm90_rows64_kernel()
-        if (kv_format, q_precision) == variant_of(rows64) and rows64.serves_heads(heads) \
-                and heads * q_len >= ROWS64_MIN_ROWS:
-            return rows64
+        if kv_format in ROWS64_FORMATS and q_precision == "bf16" and heads * q_len >= ROWS64_MIN_ROWS:
+            rows64 = sm90_rows64_kernel(kv_format)
+            if rows64.serves_heads(heads):
+                return rows64
         return sm90_split_kernel(kv_format, q_precision)
     return split_kernel(kv_format, q_precision)
 

@@ -7,7 +7,7 @@ the partials in the kernel, core/merge.h), page tables of page size 1 and 16 wit
 pages in random order, several query tokens at 32 heads, a ragged step whose usual
 split has more items than slots, so the fit's longer chunk runs (NVIDIA; on by default
 there), fp8 / mxfp4 Q (quantized in the block), and 64 / 128 heads (on sm_90 an mxfp4
-cache then runs the 64-head kernel). Exits non-zero if any output is non-finite or far from the emulator.
+or fp8 cache then runs the 64-head kernel). Exits non-zero if any output is non-finite or far from the emulator.
 """
 
 import sys
@@ -54,7 +54,7 @@ def main() -> int:
 
 def query_rows(fmt: str, rng) -> float:
     """16 heads x q_len 0..6 ragged and 32 heads x 0..3, page table of 16, the decoder given
-    q_len 4 / 2 (on sm_90 an mxfp4 cache runs the 64-row kernel with rows of 4 / 2 query
+    q_len 4 / 2 (on sm_90 an mxfp4 or fp8 cache runs the 64-row kernel with rows of 4 / 2 query
     tokens, some of fewer): the worst |device - emulator|."""
     worst = 0.0
     for heads, q_lens in ((16, np.array([4, 0, 1, 6, 3, 4])), (32, np.array([2, 1, 0, 3, 2, 2]))):
@@ -76,7 +76,7 @@ def query_rows(fmt: str, rng) -> float:
 
 def many_heads(fmt: str, rng) -> float:
     """64 and 128 heads through page tables of 1 and 16 (on sm_90 an mxfp4 cache runs the
-    64-head kernel: 4 slots and 4 row merges an item): the worst |device - emulator|."""
+    64-head kernel: 4 slots and 4 row merges an item; fp8 too): the worst |device - emulator|."""
     worst = 0.0
     for heads in (64, 128):
         with Decoder(fmt, 1 / 24, heads=heads) as dec:

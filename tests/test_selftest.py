@@ -358,7 +358,9 @@ def test_the_runner_fails_the_fakes_zeros(monkeypatch, verdicts):
 
 
 @pytest.mark.parametrize("arch, decoder", [
-    ("sm_90", [f"hipmla_decode_split_sm90_{kv}_q{q}" for kv in ("bf16", "fp8") for q in ("bf16", "fp8", "mxfp4")]
+    ("sm_90", [f"hipmla_decode_split_sm90_bf16_q{q}" for q in ("bf16", "fp8", "mxfp4")]
+     + ["hipmla_decode_split_sm90_fp8_qbf16", "hipmla_decode_split_sm90_rows64_fp8_qbf16",
+        "hipmla_decode_split_sm90_fp8_qfp8", "hipmla_decode_split_sm90_fp8_qmxfp4"]
      + ["hipmla_decode_split_sm90_mxfp4_qbf16", "hipmla_decode_split_sm90_rows64_mxfp4_qbf16",
         "hipmla_decode_split_sm90_mxfp4_qfp8", "hipmla_decode_split_sm90_mxfp4_qmxfp4"]),
     ("gfx950", [f"hipmla_decode_split_gfx950_mxfp4_q{q}" for q in ("bf16", "fp8", "mxfp4")]),
@@ -405,19 +407,20 @@ def test_cli_prints_a_table_writes_json_and_reuses_verdicts(monkeypatch, checks,
     qs = ("bf16", "fp8", "mxfp4")
     decoders = [f"hipmla_decode_split_sm90_{kv}_q{q}" for kv in KV_FORMATS for q in qs]
     decoders.insert(7, "hipmla_decode_split_sm90_rows64_mxfp4_qbf16")  # mxfp4 with bf16 Q, 64+ heads
+    decoders.insert(4, "hipmla_decode_split_sm90_rows64_fp8_qbf16")  # fp8 with bf16 Q, 64+ heads
     assert [l.split()[:2] for l in lines] == [["decoder", d] for d in decoders] + \
         [["portable", f"hipmla_decode_split_{kv}_qbf16"] for kv in KV_FORMATS]
     assert all(l.split()[2] == "sm_90" and l.split()[4] == "pass" and l.endswith("no") for l in lines)
-    assert "13 passed, 0 failed" in out and str(checks.dir) in out
+    assert "14 passed, 0 failed" in out and str(checks.dir) in out
     data = json.loads(report.read_text())
-    assert data["arch"] == "sm_90" and [v["role"] for v in data["verdicts"]] == ["decoder"] * 10 + ["portable"] * 3
+    assert data["arch"] == "sm_90" and [v["role"] for v in data["verdicts"]] == ["decoder"] * 11 + ["portable"] * 3
     assert cli.main(["selftest", "--format", "mxfp4"]) == 0
     lines = [l for l in capsys.readouterr().out.splitlines() if l.startswith(("decoder", "portable"))]
-    assert len(lines) == 5 and all(l.endswith("yes") for l in lines) and len(checks.runs) == 13
+    assert len(lines) == 5 and all(l.endswith("yes") for l in lines) and len(checks.runs) == 14
     checks.result = FAIL
     assert cli.main(["selftest", "--format", "mxfp4", "--no-cache"]) == 1
     out = capsys.readouterr().out
-    assert "FAIL" in out and FAIL.failure in out and "0 passed, 5 failed" in out and len(checks.runs) == 18
+    assert "FAIL" in out and FAIL.failure in out and "0 passed, 5 failed" in out and len(checks.runs) == 19
 
 
 # ----------------------------------------------------------------------------- on the GPU

@@ -85,7 +85,7 @@ needs_nvrtc = pytest.mark.skipif(not _nvrtc_available(), reason="no NVRTC librar
 #: per cache format is enough to catch a compile error).
 BUILDS = [("sm90_split_kernel", (kv, qp)) for kv in KV_FORMATS for qp in Q_PRECISIONS] + \
     [("split_kernel", (kv, qp)) for kv, qp in (("bf16", "fp8"), ("fp8", "mxfp4"), ("mxfp4", "fp8"))] + \
-    [("sm90_rows64_kernel", ())]
+    [("sm90_rows64_kernel", (kv,)) for kv in kernels.ROWS64_FORMATS]
 
 COMPILE_SCRIPT = """
 import importlib.util
@@ -182,12 +182,14 @@ def test_portable_kernels_compile_for_sm_90_through_hiprtc(nvrtc_builds):
 
 @needs_nvrtc
 def test_rows64_kernel_compiles_for_sm_90a_through_hiprtc(nvrtc_builds):
-    """The 64-head kernel (split_sm90_rows64.hip) builds as the decoder builds it: hiprtc ->
-    the HIP-on-CUDA library -> NVRTC for sm_90a (wgmma), no local memory."""
-    symbol = kernels.sm90_rows64_kernel().symbol
-    r = nvrtc_builds[symbol]
-    assert r["ok"] and r["elf"] and r["has"], f"{symbol}:\n{r['log']}"
-    assert not r["local"], f"{symbol}: the cubin has local memory"
+    """The 64-head kernel (split_sm90_rows64.hip) builds as the decoder builds it for each
+    cache it reads: hiprtc -> the HIP-on-CUDA library -> NVRTC for sm_90a (wgmma), no local
+    memory."""
+    for kv_format in kernels.ROWS64_FORMATS:
+        symbol = kernels.sm90_rows64_kernel(kv_format).symbol
+        r = nvrtc_builds[symbol]
+        assert r["ok"] and r["elf"] and r["has"], f"{symbol}:\n{r['log']}"
+        assert not r["local"], f"{symbol}: the cubin has local memory"
 
 
 @needs_nvrtc

@@ -1,7 +1,8 @@
 """The sm_90a kernel of 64 query rows a work item (hip_src/decode/split_sm90_rows64.hip).
 
-CPU: the spec and when the decoder picks it, the build (ptxas: no spills, sizeof(Smem) is
-the shared memory the spec launches with), and its emulator schedule (a schedule row of 64
+CPU: the specs (an MXFP4 and an fp8 cache, bf16 Q) and when the decoder picks them, the
+builds (ptxas: no spills, sizeof(Smem) is the shared memory the spec launches with), and
+their emulator schedule (a schedule row of 64
 heads, or of 64 / heads query tokens below 64 heads, each 16-head group its own softmax,
 causal bound and merge). GPU (``gpu``): ragged paged batches of 64 and 128 heads, and of
 16 and 32 heads with ragged query tokens (MTP), split rows merged in the kernel, against
@@ -26,31 +27,45 @@ from hipmla.reference import mla_decode_reference
 from hipmla.schedule import SplitPolicy, schedule
 
 SPEC = kernels.sm90_rows64_kernel()
+SPECS = {kv: kernels.sm90_rows64_kernel(kv) for kv in kernels.ROWS64_FORMATS}
 SM_SCALE = 1 / 24
 
 
 # ----------------------------------------------------------------------------- the spec
 
 
-def test_spec():
-    assert SPEC.symbol == "hipmla_decode_split_sm90_rows64_mxfp4_qbf16"
-    assert SPEC.source == "decode/split_sm90_rows64.hip" and SPEC.archs == ("sm_90",)
-    assert SPEC.compile_arch("sm_90") == "sm_90a"
-    assert kernels.sm90_split_kernel("mxfp4").compile_arch("sm_90") == "sm_90"
-    assert SPEC.row_heads == 64 and SPEC.softmax_tile == 64 and SPEC.tile_tokens == 0 and SPEC.block_threads == 256
-    assert kernels.variant_of(SPEC) == ("mxfp4", "bf16")
+@pytest.mark.parametrize("kv_format", kernels.ROWS64_FORMATS)
+def test_spec(kv_format):
+    spec = SPECS[kv_format]
+    assert spec.symbol == f"hipmla_decode_split_sm90_rows64_{kv_format}_qbf16"
+    assert spec.source == "decode/split_sm90_rows64.hip" and spec.archs == ("sm_90",)
+    assert spec.compile_arch("sm_90") == "sm_90a"
+    assert kernels.sm90_split_kernel(kv_format).compile_arch("sm_90") == "sm_90"
+    assert spec.row_heads == 64 and spec.softmax_tile == 64 and spec.tile_tokens == 0 and spec.block_threads == 256
+    assert kernels.variant_of(spec) == (kv_format, "bf16")
+    # bf16 products for fp8 too (the 16-head kernel's are f16): the emulator's default
+    assert spec.products == "bf16"
     # one block an SM: its dynamic shared memory + 1 KiB reserved within an H100/H200 SM's 228 KiB
-    assert SPEC.dynamic_shared_bytes + 1024 <= 228 * 1024
+    assert spec.dynamic_shared_bytes + 1024 <= 228 * 1024
+    assert SPECS["fp8"].dynamic_shared_bytes == 210944 and SPEC.dynamic_shared_bytes == 212992
+
+
+@pytest.mark.parametrize("kv_format", ["bf16", "int4", None])
+def test_no_spec_for_other_caches(kv_format):
+    with pytest.raises(ValueError, match="kv_format: expected one of fp8, mxfp4"):
+        kernels.sm90_rows64_kernel(kv_format)
+    with pytest.raises(ValueError, match="kv_format"):
+        kernels.sm90_rows64_shared_bytes(kv_format)
 
 
 @pytest.mark.parametrize("heads", [16, 32, 64, 128])
 @pytest.mark.parametrize("q_len", [1, 2, 3, 4, 8])
 @pytest.mark.parametrize("kv_format,q_precision", [("mxfp4", "bf16"), ("mxfp4", "fp8"), ("fp8", "bf16"),
-                                                   ("bf16", "bf16")])
-def test_decoder_picks_it_for_mxfp4_bf16_q_and_64_rows_a_sequence(kv_format, q_precision, heads, q_len):
+                                                   ("fp8", "mxfp4"), ("bf16", "bf16")])
+def test_decoder_picks_it_for_mxfp4_or_fp8_bf16_q_and_64_rows_a_sequence(kv_format, q_precision, heads, q_len):
     chosen = kernels.decoder_kernel("sm_90", kv_format, q_precision, heads, q_len)
-    if (kv_format, q_precision) == ("mxfp4", "bf16") and heads * q_len >= kernels.ROWS64_MIN_ROWS:
-        assert chosen == SPEC
+    if kv_format in ("mxfp4", "fp8") and q_precision == "bf16" and heads * q_len >= kernels.ROWS64_MIN_ROWS:
+        assert chosen == SPECS[kv_format]
     else:
         assert chosen == kernels.sm90_split_kernel(kv_format, q_precision)
     # Not on AMD: the arch's fast or portable kernel, whatever the heads.
@@ -70,7 +85,9 @@ def test_schedule_rows_for_each_head_count(heads, groups, row_tokens):
 
 def test_the_selftest_plan_checks_it_with_64_heads():
     plan = selftest.device_plan("sm_90", ("mxfp4",))
-    assert (SPEC, "decoder") in plan
+    assert (SPEC, "decoder") in plan and (SPECS["fp8"], "decoder") not in plan
+    assert (SPECS["fp8"], "decoder") in selftest.device_plan("sm_90", ("fp8",))
+    assert selftest.case_shapes(SPECS["fp8"]) == [(64, 1), (16, 4)]
     case = selftest.known_case("mxfp4", heads=SPEC.row_heads)
     assert case.q.shape[1] == 64
     assert selftest.broken(SPEC).defines[-1] == (selftest.BREAK_DEFINE, "1")
@@ -86,10 +103,12 @@ def test_the_selftest_plan_checks_it_with_64_heads():
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="no nvcc")
-def test_ptxas_no_spills_and_shared_size_matches(tmp_path):
+@pytest.mark.parametrize("kv_format", kernels.ROWS64_FORMATS)
+def test_ptxas_no_spills_and_shared_size_matches(tmp_path, kv_format):
+    spec = SPECS[kv_format]
     tu = tmp_path / "k.cu"
-    tu.write_text(kernels.translation_unit(SPEC.source))
-    defines = SPEC.options("sm_90")
+    tu.write_text(kernels.translation_unit(spec.source))
+    defines = spec.options("sm_90")
     done = subprocess.run(["nvcc", "-arch=sm_90a", "-cubin", "-O3", "-Xptxas", "-v", *defines, "-x", "cu", str(tu),
                            "-o", str(tmp_path / "k.cubin")], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
@@ -103,12 +122,12 @@ def test_ptxas_no_spills_and_shared_size_matches(tmp_path):
                            "-o", str(exe)], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert int(subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout) == \
-        SPEC.dynamic_shared_bytes
+        spec.dynamic_shared_bytes
 
 
 def test_source_rejects_other_specialisations():
     source = kernels.translation_unit(SPEC.source)
-    assert "reads an mxfp4 cache with bf16 Q only" in source
+    assert "reads an fp8 or mxfp4 cache with bf16 Q only" in source
     assert re.search(r"constexpr int TILE = (\d+);", source.split("namespace sm90r")[1]).group(1) == \
         str(kernels.SM90_ROWS64_TILE)
 
@@ -137,8 +156,8 @@ def test_row_heads_64_splits_by_64_head_rows():
     assert np.array_equal(a[0].view(np.uint16), b[0].view(np.uint16)) and np.array_equal(a[1], b[1])
 
 
-@pytest.mark.parametrize("heads", [16, 32])
-def test_row_heads_64_below_64_heads_rows_of_query_tokens(heads):
+@pytest.mark.parametrize("kv_format,heads", [("mxfp4", 16), ("mxfp4", 32), ("fp8", 16)])
+def test_row_heads_64_below_64_heads_rows_of_query_tokens(kv_format, heads):
     """Below 64 heads a schedule row is 64 / heads query tokens: ragged query counts (rows
     of fewer tokens too), each query token causal within the row's items; against exact
     attention, and with no split the same bits as one query token a row."""
@@ -147,7 +166,7 @@ def test_row_heads_64_below_64_heads_rows_of_query_tokens(heads):
     lens = q_lens + np.array([0, 1, 60, 64, 70, 700, 5, 2000])
     qo = np.concatenate([[0], np.cumsum(q_lens)])
     layout = random_page_table(lens, 16, rng, spare_pages=3)
-    kv = random_cache(int(layout.kv_indices.max() + 1) * 16, "mxfp4", rng, scale_stride=24)
+    kv = random_cache(int(layout.kv_indices.max() + 1) * 16, kv_format, rng, scale_stride=24)
     q = rng.standard_normal((int(qo[-1]), heads, 576), dtype=np.float32).astype(ml_dtypes.bfloat16)
     policy = SplitPolicy.for_device(40, items_per_cu=1)
     split = schedule(lens, policy, q_lens=q_lens, row_tokens=64 // heads)
@@ -216,8 +235,9 @@ def test_the_p_flip_allowance_is_narrow():
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("kv_format", kernels.ROWS64_FORMATS)
 @pytest.mark.parametrize("heads", [64, 128])
-def test_ragged_paged_batch_against_the_emulator(heads):
+def test_ragged_paged_batch_against_the_emulator(heads, kv_format):
     """Lengths around the 64-token tile (0, 1, 63, 64, 65), items split 2-16 ways and merged
     in the kernel, shuffled 16-row pages with one shared: the decoder runs this kernel and
     matches its emulator within the bounds every kernel's self-test holds it to."""
@@ -226,12 +246,12 @@ def test_ragged_paged_batch_against_the_emulator(heads):
     rng = np.random.default_rng(heads)
     lens = np.array([0, 1, 63, 64, 65, 129, 700, 3000, 9000, 20000])
     layout = random_page_table(lens, 16, rng, spare_pages=7, shared=1)
-    pool = random_cache((int(layout.kv_indices.max()) + 1) * 16, "mxfp4", rng, scale_stride=24)
+    pool = random_cache((int(layout.kv_indices.max()) + 1) * 16, kv_format, rng, scale_stride=24)
     q = rng.standard_normal((lens.size, heads, 576), dtype=np.float32).astype(ml_dtypes.bfloat16)
-    with decode.Decoder("mxfp4", SM_SCALE, heads=heads, max_batch=lens.size) as dec:
+    with decode.Decoder(kv_format, SM_SCALE, heads=heads, max_batch=lens.size) as dec:
         if dec.device.arch.split(":")[0] != "sm_90":
             pytest.skip(f"an sm_90 kernel; this device is {dec.device.arch}")
-        assert dec.kernel_symbol == SPEC.symbol and dec.tile_tokens == 64
+        assert dec.kernel_symbol == SPECS[kv_format].symbol and dec.tile_tokens == 64
         split = schedule(lens, dec.policy, head_groups=heads // 64)
         assert split.n_items.max() >= 2
         v_max = float(np.abs(pool.dequantize(np.arange(pool.rows))[:, :512]).max())
@@ -239,13 +259,14 @@ def test_ragged_paged_batch_against_the_emulator(heads):
             out, lse = dec.decode(q, pool, layout)
             emu_out, emu_lse = dec.emulate(q, pool, layout)
             assert np.isfinite(out.astype(np.float32)).all()
-            assert_matches_emulator(out, lse, emu_out, emu_lse, v_max, f"rows64 {heads} heads")
+            assert_matches_emulator(out, lse, emu_out, emu_lse, v_max, f"rows64 {kv_format} {heads} heads")
         dec.check_errors()
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("kv_format", kernels.ROWS64_FORMATS)
 @pytest.mark.parametrize("heads", [16, 32])
-def test_ragged_query_tokens_against_the_emulator(heads):
+def test_ragged_query_tokens_against_the_emulator(heads, kv_format):
     """MTP below 64 heads: rows of 64 / heads query tokens, ragged query counts (0-9, so rows
     of fewer tokens, and an empty query range), lengths around the tile, items split and
     merged, paged: the decoder given q_len runs this kernel and matches its emulator."""
@@ -256,13 +277,13 @@ def test_ragged_query_tokens_against_the_emulator(heads):
     lens = q_lens + np.array([0, 1, 60, 64, 70, 700, 5, 2000, 9000, 20000, 129])
     qo = np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int32)
     layout = random_page_table(lens, 16, rng, spare_pages=7, shared=1)
-    pool = random_cache((int(layout.kv_indices.max()) + 1) * 16, "mxfp4", rng, scale_stride=24)
+    pool = random_cache((int(layout.kv_indices.max()) + 1) * 16, kv_format, rng, scale_stride=24)
     q = rng.standard_normal((int(qo[-1]), heads, 576), dtype=np.float32).astype(ml_dtypes.bfloat16)
-    with decode.Decoder("mxfp4", SM_SCALE, heads=heads, max_batch=lens.size, max_q_tokens=int(qo[-1]),
+    with decode.Decoder(kv_format, SM_SCALE, heads=heads, max_batch=lens.size, max_q_tokens=int(qo[-1]),
                         q_len=64 // heads) as dec:
         if dec.device.arch.split(":")[0] != "sm_90":
             pytest.skip(f"an sm_90 kernel; this device is {dec.device.arch}")
-        assert dec.kernel_symbol == SPEC.symbol
+        assert dec.kernel_symbol == SPECS[kv_format].symbol
         split = schedule(lens, dec.policy, q_lens=q_lens, row_tokens=64 // heads)
         assert split.n_items.max() >= 2
         v_max = float(np.abs(pool.dequantize(np.arange(pool.rows))[:, :512]).max())
@@ -270,16 +291,47 @@ def test_ragged_query_tokens_against_the_emulator(heads):
             out, lse = dec.decode(q, pool, layout, qo_indptr=qo)
             emu_out, emu_lse = dec.emulate(q, pool, layout, qo_indptr=qo)
             assert np.isfinite(out.astype(np.float32)).all()
-            assert_matches_emulator(out, lse, emu_out, emu_lse, v_max, f"rows64 {heads} heads x MTP")
+            assert_matches_emulator(out, lse, emu_out, emu_lse, v_max, f"rows64 {kv_format} {heads} heads x MTP")
         dec.check_errors()
 
 
 @pytest.mark.gpu
-def test_a_wrong_build_fails_its_check():
+def test_an_fp8_nan_code_makes_its_sequence_nan():
+    """The e4m3fn NaN codes (0x7f, 0xff) enter K' as NaN (the hardware's e4m3 convert; bits
+    placed by hand would give 480), so a sequence that sees one -- in V's dims or the rope
+    dims -- outputs NaN, as the portable kernel's reference does; the others are untouched
+    and match the emulator."""
+    from hipmla import decode
+    from hipmla.formats import KVCache
+
+    rng = np.random.default_rng(7)
+    lens = np.array([100, 300, 70])
+    layout = random_page_table(lens, 16, rng, spare_pages=2)
+    clean = random_cache((int(layout.kv_indices.max()) + 1) * 16, "fp8", rng)
+    data = clean.data.copy()
+    data[layout.rows(1, 7, 8)[0], 3] = 0x7F
+    data[layout.rows(2, 69, 70)[0], 540] = 0xFF
+    pool = KVCache("fp8", data, fp8_scale=clean.fp8_scale, fp8_variant=clean.fp8_variant)
+    q = rng.standard_normal((lens.size, 64, 576), dtype=np.float32).astype(ml_dtypes.bfloat16)
+    with decode.Decoder("fp8", SM_SCALE, heads=64, max_batch=lens.size) as dec:
+        if dec.device.arch.split(":")[0] != "sm_90":
+            pytest.skip(f"an sm_90 kernel; this device is {dec.device.arch}")
+        assert dec.kernel_symbol == SPECS["fp8"].symbol
+        out, lse = dec.decode(q, pool, layout)
+        emu_out, emu_lse = dec.emulate(q, pool, layout)
+    assert np.isnan(out[1:].astype(np.float32)).all() and np.isnan(lse[1:]).all()
+    assert np.isfinite(out[0].astype(np.float32)).all()
+    v_max = float(np.abs(clean.dequantize(np.arange(clean.rows))[:, :512]).max())
+    assert_matches_emulator(out[:1], lse[:1], emu_out[:1], emu_lse[:1], v_max, "the clean sequence")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kv_format", kernels.ROWS64_FORMATS)
+def test_a_wrong_build_fails_its_check(kv_format):
     from hipmla import runtime
 
     if runtime.device_info(0).arch.split(":")[0] != "sm_90":
         pytest.skip("an sm_90 kernel")
-    verdict = selftest.check_kernel(selftest.broken(SPEC), use_cache=False)
+    verdict = selftest.check_kernel(selftest.broken(SPECS[kv_format]), use_cache=False)
     assert not verdict.passed and "off the emulator" in verdict.message
-    assert selftest.check_kernel(SPEC, use_cache=False).passed
+    assert selftest.check_kernel(SPECS[kv_format], use_cache=False).passed

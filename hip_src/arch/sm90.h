@@ -148,6 +148,26 @@ HIPMLA_DEVICE unsigned e4m3x2_to_f16x2(unsigned q) {
     return d;
 }
 
+// An f16x2 word to bf16x2 (low half to low half) through f32 (PTX ISA 9.7.9.21 "cvt",
+// .f32.f16 then .rn.bf16x2.f32): exact for every f16 value a bf16 holds (e4m3's do), NaN
+// stays NaN.
+HIPMLA_DEVICE unsigned f16x2_to_bf16x2(unsigned h) {
+    float lo, hi;
+    asm("{\n.reg .b16 l, h;\nmov.b32 {l, h}, %2;\ncvt.f32.f16 %0, l;\ncvt.f32.f16 %1, h;\n}\n"
+        : "=f"(lo), "=f"(hi) : "r"(h));
+    return pack_bf16x2_rn(lo, hi);
+}
+
+// Four e4m3fn codes (the bytes of q) to two bf16x2 words, bytes 0, 1 -> lo and 2, 3 -> hi,
+// the lower byte in the low half: exact (every e4m3 value is a bf16 value), the NaN codes
+// 0x7f / 0xff NaN, as the hardware's e4m3 -> f16 convert gives them. 4 instructions a word,
+// as many as placing the bits by hand and scaling, which would turn the NaN codes into
+// 480 (bf16 has no code that is NaN in e4m3fn's place).
+HIPMLA_DEVICE void e4m3x4_to_bf16x2(unsigned q, unsigned& lo, unsigned& hi) {
+    lo = f16x2_to_bf16x2(e4m3x2_to_f16x2<0>(q));
+    hi = f16x2_to_bf16x2(e4m3x2_to_f16x2<1>(q));
+}
+
 // 2^x, the MUFU approximation (PTX ISA 9.7.4.x "ex2", .approx.ftz.f32: ~2 ulp, results
 // below 2^-126 flushed to zero; ex2(-inf) = +0).
 HIPMLA_DEVICE float exp2_approx(float x) {

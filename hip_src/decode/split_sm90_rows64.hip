@@ -1,5 +1,5 @@
-// sm_90a (Hopper) split kernel of 64 query rows a work item: an MXFP4 cache with bf16 Q, on
-// the project's serving core, for models of 64 or 128 heads, and for 16 or 32 heads when
+// sm_90a (Hopper) split kernel of 64 query rows a work item: an MXFP4 or fp8 (e4m3fn) cache
+// with bf16 Q, on the project's serving core, for models of 64 or 128 heads, and for 16 or 32 heads when
 // a step has several query tokens a sequence (MTP: 16 heads x 4 tokens, 32 x 2). Built for
 // sm_90a (wgmma).
 //
@@ -25,19 +25,24 @@
 // token's 16 heads masks the tokens past its own (row_seen), and Q rows past the item's
 // query tokens are zero and write nothing.
 //
-// Block = 2 warpgroups (256 threads), one block an SM (212,992 B of shared memory).
+// Block = 2 warpgroups (256 threads), one block an SM (mxfp4 212,992 B of shared memory,
+// fp8 210,944 B).
 // Tile = 64 tokens; an item of n tokens is ceil(n / 64) tiles, the last one masked.
 //   copies      thread (token tid / 4, part tid % 4) copies 16-byte chunks part + 4 c of its
-//               token's 288-byte row (cp.async, zero-filled past the item) into a 2-stage
-//               ring, its row from kv_rows() (one page-table read a tile), and loads E8M0
-//               bytes part + 4 c with plain loads, stored to the ring a tile later.
-//   K' tile     every thread dequantizes (token, E8M0 block) pairs pi = tid + 256 k into
-//               bf16 in shared memory, value * 2^-64 (e2m1x8_to_bf16x2_scaled_down times
-//               e8m0_multiplier), in 128-byte-swizzled chunks of 64 dims: [chunk 9][token
-//               64][128 B], unit u of row r at u ^ (r & 7). Unit u of chunk c holds word
-//               8 c + u of the row (8 dims), its dims in the order 0 4 1 5 2 6 3 7 (perm).
-//   Q'          Q * 2^64 (exact in bf16) of the item's 64 heads, written once in K''s layout
-//               and dim order: the K-major A operand of every Q.K.
+//               token's row (mxfp4 288 bytes, fp8 576; cp.async, zero-filled past the item)
+//               into a ring of raw tiles (mxfp4 2 stages; fp8 1, as 2 would not fit beside
+//               Q' and K': its copies of tile + 1 run under tile's Q.K, softmax and P.V), its
+//               row from kv_rows() (one page-table read a tile); mxfp4 also loads E8M0 bytes
+//               part + 4 c with plain loads, stored to the ring a tile later.
+//   K' tile     every thread dequantizes (token, 16-byte chunk) pairs pi = tid + 256 k of the
+//               raw tile into bf16 in shared memory, in 128-byte-swizzled chunks of 64 dims:
+//               [chunk 9][token 64][128 B], unit u of row r at u ^ (r & 7). Unit u of chunk c
+//               holds dims 8 (8 c + u) + perm(x), x = 0..7. mxfp4: value * 2^-64
+//               (e2m1x8_to_bf16x2_scaled_down times e8m0_multiplier; perm 0 4 1 5 2 6 3 7,
+//               that conversion's pairs); fp8: the e4m3 value, exact (e4m3x4_to_bf16x2;
+//               perm the identity), the tensor scale p.kv_fp8_scale left to the scores and O.
+//   Q'          Q * 2^QSHIFT (mxfp4 2^64, fp8 1; exact in bf16) of the item's 64 heads,
+//               written once in K''s layout and dim order: the K-major A operand of every Q.K.
 //   S = Q'K'^T  wgmma.m64n64k16, both operands K-major in shared memory; warpgroup wg takes
 //               dims [288 wg, 288 wg + 288) (18 k-steps) of the 64 tokens, hands the other
 //               its partial scores for the other's 32 tokens (xs), and so owns tokens
@@ -58,14 +63,17 @@
 // partial scores traded; maxima traded; P written. K' is single-buffered, so the next tile's
 // dequantization waits for this tile's P.V.
 //
-// Numerics (KERNELS.md "Numerics", the 16-head sm_90 kernel's with 64-token softmax tiles:
-// hipmla.emulate.emulate_work_item(tile=64) per 16-head row, row_heads=64 in
-// emulate_decode): K' = V' = value * 2^-64 and Q' = Q * 2^64 exactly (block scales
-// 2^(s-127) in [2^-68, 2^65], |q| < 2^64; a larger scale saturates to +inf), f32 scores on
-// the tensor cores (each warpgroup's 288 dims in tensor-core order, then the two halves
-// added), times sm_scale log2(e); exp2 is ex2.approx.ftz; P rounded to bf16 RNE, l the sum
-// of those bf16 values (each warpgroup its 32 tokens of a tile, the two added at the end),
-// alpha rescales O; f32 accumulation; the final O times 2^64 / l rounded to bf16 RNE.
+// Numerics (KERNELS.md "Numerics", the portable kernel's bf16 products with 64-token
+// softmax tiles: hipmla.emulate.emulate_work_item(tile=64) per 16-head row, row_heads=64 in
+// emulate_decode; for fp8 too, unlike the 16-head kernel's f16 products): mxfp4 K' = V' =
+// value * 2^-64 and Q' = Q * 2^64 exactly (block scales 2^(s-127) in [2^-68, 2^65], |q| <
+// 2^64; a larger scale saturates to +inf); fp8 K' = V' = the e4m3 value and Q' = Q (an
+// e4m3fn NaN code gives NaN); f32 scores on the tensor cores (each warpgroup's 288 dims in
+// tensor-core order, then the two halves added), times sm_scale log2(e) (fp8: times
+// kv_fp8_scale, that product first); exp2 is ex2.approx.ftz; P rounded to bf16 RNE, l the
+// sum of those bf16 values (each warpgroup its 32 tokens of a tile, the two added at the
+// end), alpha rescales O; f32 accumulation; the final O times 2^QSHIFT (fp8: times
+// kv_fp8_scale) / l rounded to bf16 RNE.
 //
 // Budget (nvcc 13.0 / ptxas, sm_90a): 255 registers at most (__launch_bounds__(256, 1)), no
 // stack, no spills; dynamic shared memory = hipmla.kernels.sm90_rows64_shared_bytes().
@@ -84,8 +92,16 @@
 #if !defined(HIPMLA_KV_FORMAT) || !defined(HIPMLA_Q_PRECISION) || !defined(HIPMLA_FP8_FNUZ)
 #error "split_sm90_rows64.hip needs -DHIPMLA_KV_FORMAT=2 -DHIPMLA_Q_PRECISION=0 -DHIPMLA_FP8_FNUZ=0"
 #endif
-#if HIPMLA_KV_FORMAT != 2 || HIPMLA_Q_PRECISION != 0
-#error "split_sm90_rows64.hip reads an mxfp4 cache with bf16 Q only (HIPMLA_KV_FORMAT=2, HIPMLA_Q_PRECISION=0)"
+#if (HIPMLA_KV_FORMAT != 1 && HIPMLA_KV_FORMAT != 2) || HIPMLA_Q_PRECISION != 0
+#error "split_sm90_rows64.hip reads an fp8 or mxfp4 cache with bf16 Q only (HIPMLA_KV_FORMAT=1 or 2, HIPMLA_Q_PRECISION=0)"
+#endif
+#if HIPMLA_FP8_FNUZ != 0
+#error "split_sm90_rows64.hip: NVIDIA fp8 is e4m3fn (HIPMLA_FP8_FNUZ=0)"
+#endif
+#if HIPMLA_KV_FORMAT == 1
+#define HIPMLA_ROWS64_NAME hipmla_decode_split_sm90_rows64_fp8_qbf16
+#else
+#define HIPMLA_ROWS64_NAME hipmla_decode_split_sm90_rows64_mxfp4_qbf16
 #endif
 
 namespace hipmla {
@@ -94,28 +110,33 @@ namespace sm90r {
 using namespace sm90;
 using namespace sm90a;
 
+constexpr bool MX = HIPMLA_KV_FORMAT == FORMAT_MXFP4;  // else fp8 (e4m3fn, one tensor scale)
 constexpr int ROW_HEADS = 64;                  // heads of a schedule row: wgmma's M
 constexpr int SUB_ROWS = ROW_HEADS / HEADS;    // 16-head rows of an item (q, out, lse, merge)
 constexpr int TILE = 64;                       // tokens a tile (wgmma's N of Q.K)
 constexpr int THREADS = 256;                   // 2 warpgroups
 constexpr int CHUNKS = D_QK / 64;              // 128-byte chunks of a bf16 row of Q' / K'
 constexpr int CHUNK_BYTES = TILE * 128;        // one chunk of 64 rows
-constexpr int ROW_BYTES = D_QK / 2;            // mxfp4 bytes of a cache row
-constexpr int SCALES = D_QK / MX_BLOCK;        // E8M0 bytes of a row
-constexpr int STAGES = 2;
+constexpr int ROW_BYTES = MX ? D_QK / 2 : D_QK;  // bytes of a cache row
+constexpr int SCALES = D_QK / MX_BLOCK;        // E8M0 bytes of an mxfp4 row
+constexpr int STAGES = MX ? 2 : 1;             // raw tiles in the ring (a power of two)
 constexpr int QK_STEPS = D_QK / 16 / 2;        // k-steps of Q.K a warpgroup
 constexpr int V_CHUNKS = D_V / 64 / 2;         // output chunks of 64 dims a warpgroup
 constexpr int PART = 4;                        // copy threads a token
 constexpr int COPIES = (ROW_BYTES / 16 + PART - 1) / PART;
 constexpr int SCALE_LOADS = (SCALES + PART - 1) / PART;
-constexpr int PAIRS = (TILE * SCALES + THREADS - 1) / THREADS;  // (token, block) pairs a thread
+constexpr int UNITS = ROW_BYTES / 16;          // 16-byte chunks of a raw row
+constexpr int PAIRS = (TILE * UNITS + THREADS - 1) / THREADS;  // (token, chunk) pairs a thread
+constexpr int PAIR_BATCH = 5;                  // pairs loaded before the first is converted
 constexpr int OUT_STRIDE = D_V + 4;            // f32 a head row of the output stage
-constexpr int QSHIFT = 64;                     // Q' = Q * 2^QSHIFT, K' = K * 2^-QSHIFT
+constexpr int QSHIFT = MX ? 64 : 0;            // Q' = Q * 2^QSHIFT, K' = K * 2^-QSHIFT
 
 static_assert(THREADS == BLOCK_THREADS, "the kernel launches the project's block size");
 static_assert(ROW_HEADS == 64 && SUB_ROWS * HEADS == ROW_HEADS, "64 heads: wgmma's M");
 static_assert(TILE * PART == THREADS, "PART copy threads a token cover the tile");
-static_assert(MX_BLOCK == 32 && ROW_BYTES % 16 == 0, "a 16-byte chunk of codes is one E8M0 block");
+static_assert(!MX || (MX_BLOCK == 32 && UNITS == SCALES), "a 16-byte chunk of mxfp4 codes is one E8M0 block");
+static_assert(ROW_BYTES % 16 == 0 && TILE % 32 == 0, "whole chunks; a warp's 32 pairs share their chunk");
+static_assert((STAGES & (STAGES - 1)) == 0, "tile & (STAGES - 1) is the stage");
 static_assert(CHUNKS * 64 == D_QK && V_CHUNKS * 2 * 64 == D_V, "64-dim chunks");
 
 struct alignas(1024) Smem {
@@ -128,7 +149,7 @@ struct alignas(1024) Smem {
     } u;
     unsigned char p[CHUNK_BYTES];                   // P [head][token 128 B swizzled]
     unsigned char raw[STAGES][TILE * ROW_BYTES];
-    unsigned char sc[STAGES][TILE * SCALES];
+    unsigned char sc[STAGES][MX ? TILE * SCALES : 16];  // E8M0 bytes (fp8: unused)
     union {
         f32x4 xs[2][4][128];                        // partial scores a warpgroup hands the other
         ScheduleSmem<THREADS> sched;                // before the first tile
@@ -138,7 +159,7 @@ struct alignas(1024) Smem {
     WorkItem item;
     int last;
 };
-static_assert(sizeof(Smem) == 212992, "hipmla.kernels.sm90_rows64_shared_bytes() launches with this");
+static_assert(sizeof(Smem) == (MX ? 212992 : 210944), "hipmla.kernels.sm90_rows64_shared_bytes() launches with this");
 static_assert(sizeof(float) * ROW_HEADS * OUT_STRIDE <= sizeof(Smem::u), "O's stage fits over Q' and K'");
 
 // The item's 16-head rows: the first (its q, out, lse and merge counter; the next ones
@@ -160,10 +181,11 @@ HIPMLA_DEVICE int row_seen(const WorkItem& it, const SubRows& sr, int j) {
     return end > it.begin ? end - it.begin : 0;
 }
 
-// Element x (0..7) of a 16-byte unit holds dim 8 word + perm(x) (e2m1x8_to_bf16x2_scaled_down's pairs).
-HIPMLA_DEVICE constexpr int perm(int x) { return (x >> 1) + 4 * (x & 1); }
+// Element x (0..7) of a 16-byte unit holds dim 8 word + perm(x): mxfp4 the pairs of
+// e2m1x8_to_bf16x2_scaled_down (0 4 1 5 2 6 3 7), fp8 in order.
+HIPMLA_DEVICE constexpr int perm(int x) { return MX ? (x >> 1) + 4 * (x & 1) : x; }
 
-// Q' = Q * 2^64 of the item's 64 heads (exact in bf16 for |q| < 2^64), once, in K''s layout.
+// Q' = Q * 2^QSHIFT of the item's 64 heads (exact in bf16 for |q| < 2^64), once, in K''s layout.
 // A thread's 18 16-byte pieces go in Q_BATCH loads at a time, all in flight together: one
 // memory latency a batch, not one a piece.
 constexpr int Q_PIECES = ROW_HEADS * D_QK / 8 / THREADS;
@@ -203,38 +225,56 @@ HIPMLA_DEVICE void fill_q(unsigned q_base, const unsigned short* q, int rows, in
     }
 }
 
-// The thread's (token, block) pairs pi = tid + THREADS k of a raw tile into K' (the lanes
-// of a warp: consecutive tokens of one block, so each 16-byte store phase covers 8 rows'
-// different swizzled units). Every pair's bytes are loaded before the first is converted:
-// one shared-memory latency, not one a pair.
+// The thread's (token, 16-byte chunk) pairs pi = tid + THREADS k of a raw tile into K' (the
+// lanes of a warp: consecutive tokens of one chunk, so each 16-byte store phase covers 8
+// rows' different swizzled units). PAIR_BATCH pairs' bytes are loaded before the first of
+// them is converted: one shared-memory latency a batch, not one a pair (mxfp4's 5 pairs are
+// one batch; fp8's 9 two, which keeps the registers within the budget beside O).
 HIPMLA_DEVICE void dequant_tile(const unsigned char* raw, const unsigned char* sc, unsigned k_base, int tid) {
-    u32x4 v[PAIRS];
-    unsigned m[PAIRS];
+    // The store without st_shared_v4's memory clobber, as the mxfp4 loop was measured with:
+    // the compiler may move the conversions of other pairs across it.
+    auto store = [k_base](int r, int unit, const unsigned (&x)[4]) {
+        const unsigned a = swizzled_unit(k_base + (unit >> 3) * CHUNK_BYTES, r, unit & 7);
+        asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(a), "r"(x[0]), "r"(x[1]), "r"(x[2]), "r"(x[3]));
+    };
 #pragma unroll
-    for (int k = 0; k < PAIRS; ++k) {
-        const int pi = tid + THREADS * k;
-        if (pi < TILE * SCALES) {
-            const int r = pi % TILE, b = pi / TILE;
-            v[k] = *reinterpret_cast<const u32x4*>(raw + r * ROW_BYTES + 16 * b);
-            m[k] = sc[r * SCALES + b];
+    for (int k0 = 0; k0 < PAIRS; k0 += PAIR_BATCH) {
+        u32x4 v[PAIR_BATCH];
+        unsigned m[PAIR_BATCH];
+#pragma unroll
+        for (int k = 0; k < PAIR_BATCH; ++k) {
+            const int pi = tid + THREADS * (k0 + k);
+            if (k0 + k < PAIRS && pi < TILE * UNITS) {
+                const int r = pi % TILE, b = pi / TILE;
+                v[k] = *reinterpret_cast<const u32x4*>(raw + r * ROW_BYTES + 16 * b);
+                if constexpr (MX) m[k] = sc[r * SCALES + b];
+            }
         }
-    }
 #pragma unroll
-    for (int k = 0; k < PAIRS; ++k) {
-        const int pi = tid + THREADS * k;
-        if (pi >= TILE * SCALES) break;
-        const int r = pi % TILE, b = pi / TILE;
-        const unsigned mk = e8m0_multiplier(m[k]);
-        const unsigned wv[4] = {v[k].x, v[k].y, v[k].z, v[k].w};
+        for (int k = 0; k < PAIR_BATCH; ++k) {
+            const int pi = tid + THREADS * (k0 + k);
+            if (k0 + k >= PAIRS || pi >= TILE * UNITS) break;
+            const int r = pi % TILE, b = pi / TILE;
+            const unsigned wv[4] = {v[k].x, v[k].y, v[k].z, v[k].w};
+            if constexpr (MX) {  // word i: 8 dims, one unit
+                const unsigned mk = e8m0_multiplier(m[k]);
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            unsigned x[4];
-            e2m1x8_to_bf16x2_scaled_down(wv[i], x);
+                for (int i = 0; i < 4; ++i) {
+                    unsigned x[4];
+                    e2m1x8_to_bf16x2_scaled_down(wv[i], x);
 #pragma unroll
-            for (int j = 0; j < 4; ++j) x[j] = mul_bf16x2(x[j], mk);
-            const int word = 4 * b + i;
-            const unsigned a = swizzled_unit(k_base + (word >> 3) * CHUNK_BYTES, r, word & 7);
-            asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(a), "r"(x[0]), "r"(x[1]), "r"(x[2]), "r"(x[3]));
+                    for (int j = 0; j < 4; ++j) x[j] = mul_bf16x2(x[j], mk);
+                    store(r, 4 * b + i, x);
+                }
+            } else {  // words 2 j, 2 j + 1: 8 dims, one unit
+#pragma unroll
+                for (int j = 0; j < 2; ++j) {
+                    unsigned x[4];
+                    e4m3x4_to_bf16x2(wv[2 * j], x[0], x[1]);
+                    e4m3x4_to_bf16x2(wv[2 * j + 1], x[2], x[3]);
+                    store(r, 2 * b + j, x);
+                }
+            }
         }
     }
 }
@@ -383,10 +423,11 @@ HIPMLA_DEVICE void run_tiles(const MlaDecodeParams& p, Smem& sm, const WorkItem&
         }
         cp_async_commit();
     };
-    // E8M0 bytes: loaded with the tile's copies, stored to the ring a tile later (after
-    // the math of a tile has hidden their latency). A row past the item takes 0: its codes
-    // are zero-filled.
+    // mxfp4's E8M0 bytes: loaded with the tile's copies, stored to the ring a tile later
+    // (after the math of a tile has hidden their latency). A row past the item takes 0: its
+    // codes are zero-filled. fp8 has none.
     auto load_scales = [&](int tile, long long r, unsigned (&b)[SCALE_LOADS]) {
+        if constexpr (!MX) return;
         const bool valid = tile < n_tiles && tile * TILE + ct < n;
 #pragma unroll
         for (int c = 0; c < SCALE_LOADS; ++c) {
@@ -395,7 +436,7 @@ HIPMLA_DEVICE void run_tiles(const MlaDecodeParams& p, Smem& sm, const WorkItem&
         }
     };
     auto store_scales = [&](int tile, int stage, const unsigned (&b)[SCALE_LOADS]) {
-        if (tile >= n_tiles) return;
+        if (!MX || tile >= n_tiles) return;
 #pragma unroll
         for (int c = 0; c < SCALE_LOADS; ++c) {
             const int k = cs + PART * c;
@@ -405,32 +446,36 @@ HIPMLA_DEVICE void run_tiles(const MlaDecodeParams& p, Smem& sm, const WorkItem&
 
     unsigned next[SCALE_LOADS];
     {
-        const long long r0 = row_of(0), r1 = row_of(1);
-        unsigned first[SCALE_LOADS];
-        load_scales(0, r0, first);
-        load_scales(1, r1, next);
-        issue(0, 0, r0);
-        issue(1, 1, r1);
+        long long r[STAGES];
+        unsigned first[STAGES][SCALE_LOADS];
+#pragma unroll
+        for (int s = 0; s < STAGES; ++s) {
+            r[s] = row_of(s);
+            load_scales(s, r[s], first[s]);
+        }
+#pragma unroll
+        for (int s = 0; s < STAGES; ++s) issue(s, s, r[s]);
         const SubRows sr = sub_rows(p, it);
         fill_q(smem_address(sm.u.t.q), static_cast<const unsigned short*>(p.q) + (long long)sr.first * HEADS * D_QK,
                sr.count * HEADS, tid);
-        store_scales(0, 0, first);
-        store_scales(1, 1, next);
+#pragma unroll
+        for (int s = 0; s < STAGES; ++s) store_scales(s, s, first[s]);
         fence_async_smem();  // Q' for the first Q.K (the loop's first barrier orders it)
     }
+    const float scale = p.sm_scale_log2 * (MX ? 1.0f : p.kv_fp8_scale);
 #pragma unroll 1
     for (int tile = 0; tile < n_tiles; ++tile) {
-        const int stage = tile & 1;
-        cp_async_wait<1>();
+        const int stage = tile & (STAGES - 1);
+        cp_async_wait<STAGES - 1>();
         wg_wait<0>();   // this warpgroup's P.V of the last tile has read K' and P
         block_sync();   // ... and the other's; the raw tile and its E8M0 bytes are in
         dequant_tile(sm.raw[stage], sm.sc[stage], k_base, tid);
         fence_async_smem();
         block_sync();
         {
-            const long long r = row_of(tile + 2);
-            load_scales(tile + 2, r, next);
-            issue(tile + 2, stage, r);
+            const long long r = row_of(tile + STAGES);
+            load_scales(tile + STAGES, r, next);
+            issue(tile + STAGES, stage, r);
         }
 
         float s[32];
@@ -447,17 +492,17 @@ HIPMLA_DEVICE void run_tiles(const MlaDecodeParams& p, Smem& sm, const WorkItem&
         wg_commit();
         wg_wait<0>();
         pin(s);
-        st.softmax(s, &sm.x.xs[0][0][0], sm.mx, p_base, p.sm_scale_log2, st.n_row - tile * TILE);
+        st.softmax(s, &sm.x.xs[0][0][0], sm.mx, p_base, scale, st.n_row - tile * TILE);
         st.pv(p_desc, v_desc);
         // The stage's E8M0 bytes were read by this tile's dequantization, before its barrier.
-        store_scales(tile + 2, stage, next);
+        store_scales(tile + STAGES, stage, next);
     }
     wg_wait<0>();
 #pragma unroll
     for (int c = 0; c < V_CHUNKS; ++c) pin(st.o[c]);
 }
 
-// After the tiles: O (times 2^64 / l for an output) through shared memory, m and l.
+// After the tiles: O (times 2^QSHIFT, and kv_fp8_scale for fp8; / l for an output) through shared memory, m and l.
 template <int WG>
 HIPMLA_DEVICE void write_state(const MlaDecodeParams& p, Smem& sm, const WorkItem& it, Rows<WG>& st) {
     const float l0 = warp_xor_sum(warp_xor_sum(st.l_run[0], 1), 2);
@@ -467,9 +512,9 @@ HIPMLA_DEVICE void write_state(const MlaDecodeParams& p, Smem& sm, const WorkIte
         sm.lsum[WG][st.r1] = l1;
     }
 #ifdef HIPMLA_SELFTEST_BREAK  // test only (hipmla.selftest.broken): a wrong build its check must catch
-    const float out_scale = 1.5f * exp2_int(QSHIFT);
+    const float out_scale = 1.5f * exp2_int(QSHIFT) * (MX ? 1.0f : p.kv_fp8_scale);
 #else
-    const float out_scale = exp2_int(QSHIFT);
+    const float out_scale = exp2_int(QSHIFT) * (MX ? 1.0f : p.kv_fp8_scale);
 #endif
     const float nan = f32_from_bits(0x7fc00000u);
     block_sync();  // every P.V done (each warpgroup waited for its own): Q' and K' are free
@@ -507,8 +552,7 @@ HIPMLA_DEVICE void write_state(const MlaDecodeParams& p, Smem& sm, const WorkIte
 }  // namespace sm90r
 }  // namespace hipmla
 
-extern "C" __global__ void __launch_bounds__(hipmla::sm90r::THREADS, 1)
-    hipmla_decode_split_sm90_rows64_mxfp4_qbf16(const MlaDecodeParams p) {
+extern "C" __global__ void __launch_bounds__(hipmla::sm90r::THREADS, 1) HIPMLA_ROWS64_NAME(const MlaDecodeParams p) {
     using namespace hipmla;
     using namespace hipmla::sm90r;
     extern __shared__ __align__(1024) unsigned char hipmla_rows64_smem[];

@@ -32,10 +32,10 @@ def _peers(dec: Decoder) -> list[kernels.KernelSpec | None]:
     """The decoder's own kernel (None), then, where the 64-row sm_90a kernel serves its cache
     and Q, the other of that kernel and the 16-row sm_90 kernel, timed in the same run for
     the comparison (what kernels.ROWS64_MIN_ROWS rests on)."""
-    rows64 = kernels.sm90_rows64_kernel()
     fmt, qp = dec.config.kv_format, dec.config.q_precision
-    if dec.device.arch.split(":", 1)[0] != "sm_90" or (fmt, qp) != kernels.variant_of(rows64):
+    if dec.device.arch.split(":", 1)[0] != "sm_90" or fmt not in kernels.ROWS64_FORMATS or qp != "bf16":
         return [None]
+    rows64 = kernels.sm90_rows64_kernel(fmt)
     return [None, kernels.sm90_split_kernel(fmt, qp) if dec.kernel_symbol == rows64.symbol else rows64]
 
 
