@@ -938,17 +938,17 @@ def test_emulate_models_the_decoders_own_kernel(monkeypatch, arch, q_precision):
 def test_q_len_takes_the_64_row_kernel_with_rows_of_query_tokens(monkeypatch, heads, q_len, row_tokens):
     """heads x q_len >= 64 on sm_90 (mxfp4 or fp8, bf16 Q): the 64-row kernel, launched with
     rows of 64 / heads query tokens below 64 heads; the grid and the slots cover any step."""
-    gpu, dec = make(monkeypatch, heads=heads, max_batch=4, max_q_tokens=16, q_len=q_len)
-    assert dec.kernel_symbol == kernels.sm90_rows64_kernel().symbol
-    assert make(monkeypatch, kv_format="fp8", heads=heads, q_len=q_len)[1].kernel_symbol == \
-        kernels.sm90_rows64_kernel("fp8").symbol
-    dec.run(**mtp_args(3, 11, heads))
-    (launch,) = gpu.launches
-    groups = max(heads // 64, 1)
-    assert (launch.head_groups, launch.row_tokens) == (groups, row_tokens)
-    assert launch.grid[0] == dec.policy.max_items(11 * groups)
-    slots = dec.policy.max_items(16 * groups) * 4
-    assert launch.part_ml - launch.part_acc == slots * 16 * 512 * 4
+    for kv_format in kernels.ROWS64_FORMATS:
+        gpu, dec = make(monkeypatch, kv_format=kv_format, heads=heads, max_batch=4, max_q_tokens=16, q_len=q_len)
+        assert dec.kernel_symbol == kernels.sm90_rows64_kernel(kv_format).symbol
+        dec.run(**mtp_args(3, 11, heads, kv_format=kv_format))
+        (launch,) = gpu.launches
+        groups = max(heads // 64, 1)
+        assert (launch.head_groups, launch.row_tokens) == (groups, row_tokens)
+        assert launch.grid[0] == dec.policy.max_items(11 * groups)
+        assert launch.shared == kernels.sm90_rows64_shared_bytes(kv_format)
+        slots = dec.policy.max_items(16 * groups) * 4
+        assert launch.part_ml - launch.part_acc == slots * 16 * 512 * 4
     # Below 64 rows, and off sm_90 or for other caches, q_len changes nothing.
     assert make(monkeypatch, heads=16, q_len=3)[1].kernel_symbol == kernels.sm90_split_kernel("mxfp4").symbol
     assert make(monkeypatch, kv_format="bf16", heads=heads, q_len=q_len)[1].kernel_symbol == \

@@ -327,7 +327,7 @@ def test_the_runner_runs_both_cases_of_the_64_row_kernel(monkeypatch, verdicts):
     """64 heads, then 16 heads x 4 query tokens; a wrong answer in the second alone fails
     the kernel and says which case."""
     fake_runtime(monkeypatch, "sm_90")
-    rows64 = kernels.sm90_rows64_kernel()
+    rows64 = kernels.sm90_rows64_kernel("mxfp4")
     seen = []
 
     def decode_as_emulated(self, q, kv, layout, qo_indptr=None):

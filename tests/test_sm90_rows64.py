@@ -21,12 +21,13 @@ import pytest
 
 from hipmla import kernels, selftest
 from hipmla.emulate import emulate_decode
+from hipmla.formats import KVCache
 from hipmla.inputs import make_inputs, random_cache
 from hipmla.paging import random_page_table
 from hipmla.reference import mla_decode_reference
 from hipmla.schedule import SplitPolicy, schedule
 
-SPEC = kernels.sm90_rows64_kernel()
+SPEC = kernels.sm90_rows64_kernel("mxfp4")
 SPECS = {kv: kernels.sm90_rows64_kernel(kv) for kv in kernels.ROWS64_FORMATS}
 SM_SCALE = 1 / 24
 
@@ -47,7 +48,7 @@ def test_spec(kv_format):
     assert spec.products == "bf16"
     # one block an SM: its dynamic shared memory + 1 KiB reserved within an H100/H200 SM's 228 KiB
     assert spec.dynamic_shared_bytes + 1024 <= 228 * 1024
-    assert SPECS["fp8"].dynamic_shared_bytes == 210944 and SPEC.dynamic_shared_bytes == 212992
+    assert SPECS["fp8"].dynamic_shared_bytes == 211968 and SPEC.dynamic_shared_bytes == 212992
 
 
 @pytest.mark.parametrize("kv_format", ["bf16", "int4", None])
@@ -234,6 +235,21 @@ def test_the_p_flip_allowance_is_narrow():
         assert_matches_emulator(dev, lse + 0.01, emu, lse, 24.0, "lse")
 
 
+def with_odd_fp8_scale(kv: KVCache) -> KVCache:
+    """An fp8 cache's codes with a tensor scale that is no power of two (random_cache's is
+    1/64), so the scores' and O's products by it round; other caches as they are."""
+    if kv.format != "fp8":
+        return kv
+    return KVCache("fp8", kv.data, fp8_scale=0.0173, fp8_variant=kv.fp8_variant)
+
+
+def test_the_odd_fp8_scale_is_no_power_of_two():
+    kv = with_odd_fp8_scale(random_cache(4, "fp8", np.random.default_rng(0)))
+    assert kv.fp8_scale == np.float32(0.0173) and np.frexp(np.float32(kv.fp8_scale))[0] != 0.5
+    mx = random_cache(4, "mxfp4", np.random.default_rng(0))
+    assert with_odd_fp8_scale(mx) is mx
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("kv_format", kernels.ROWS64_FORMATS)
 @pytest.mark.parametrize("heads", [64, 128])
@@ -246,7 +262,7 @@ def test_ragged_paged_batch_against_the_emulator(heads, kv_format):
     rng = np.random.default_rng(heads)
     lens = np.array([0, 1, 63, 64, 65, 129, 700, 3000, 9000, 20000])
     layout = random_page_table(lens, 16, rng, spare_pages=7, shared=1)
-    pool = random_cache((int(layout.kv_indices.max()) + 1) * 16, kv_format, rng, scale_stride=24)
+    pool = with_odd_fp8_scale(random_cache((int(layout.kv_indices.max()) + 1) * 16, kv_format, rng, scale_stride=24))
     q = rng.standard_normal((lens.size, heads, 576), dtype=np.float32).astype(ml_dtypes.bfloat16)
     with decode.Decoder(kv_format, SM_SCALE, heads=heads, max_batch=lens.size) as dec:
         if dec.device.arch.split(":")[0] != "sm_90":
@@ -277,7 +293,7 @@ def test_ragged_query_tokens_against_the_emulator(heads, kv_format):
     lens = q_lens + np.array([0, 1, 60, 64, 70, 700, 5, 2000, 9000, 20000, 129])
     qo = np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int32)
     layout = random_page_table(lens, 16, rng, spare_pages=7, shared=1)
-    pool = random_cache((int(layout.kv_indices.max()) + 1) * 16, kv_format, rng, scale_stride=24)
+    pool = with_odd_fp8_scale(random_cache((int(layout.kv_indices.max()) + 1) * 16, kv_format, rng, scale_stride=24))
     q = rng.standard_normal((int(qo[-1]), heads, 576), dtype=np.float32).astype(ml_dtypes.bfloat16)
     with decode.Decoder(kv_format, SM_SCALE, heads=heads, max_batch=lens.size, max_q_tokens=int(qo[-1]),
                         q_len=64 // heads) as dec:
@@ -298,11 +314,10 @@ def test_ragged_query_tokens_against_the_emulator(heads, kv_format):
 @pytest.mark.gpu
 def test_an_fp8_nan_code_makes_its_sequence_nan():
     """The e4m3fn NaN codes (0x7f, 0xff) enter K' as NaN (the hardware's e4m3 convert; bits
-    placed by hand would give 480), so a sequence that sees one -- in V's dims or the rope
-    dims -- outputs NaN, as the portable kernel's reference does; the others are untouched
-    and match the emulator."""
+    placed by hand would give 480), so a sequence that sees one -- in the latent dims (K and
+    V) or the rope dims (K only) -- outputs NaN, as the emulator does; the others are
+    untouched and match it."""
     from hipmla import decode
-    from hipmla.formats import KVCache
 
     rng = np.random.default_rng(7)
     lens = np.array([100, 300, 70])
@@ -320,6 +335,7 @@ def test_an_fp8_nan_code_makes_its_sequence_nan():
         out, lse = dec.decode(q, pool, layout)
         emu_out, emu_lse = dec.emulate(q, pool, layout)
     assert np.isnan(out[1:].astype(np.float32)).all() and np.isnan(lse[1:]).all()
+    assert np.isnan(emu_out[1:].astype(np.float32)).all()
     assert np.isfinite(out[0].astype(np.float32)).all()
     v_max = float(np.abs(clean.dequantize(np.arange(clean.rows))[:, :512]).max())
     assert_matches_emulator(out[:1], lse[:1], emu_out[:1], emu_lse[:1], v_max, "the clean sequence")

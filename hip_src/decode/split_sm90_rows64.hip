@@ -26,11 +26,11 @@
 // query tokens are zero and write nothing.
 //
 // Block = 2 warpgroups (256 threads), one block an SM (mxfp4 212,992 B of shared memory,
-// fp8 210,944 B).
+// fp8 211,968 B).
 // Tile = 64 tokens; an item of n tokens is ceil(n / 64) tiles, the last one masked.
 //   copies      thread (token tid / 4, part tid % 4) copies 16-byte chunks part + 4 c of its
-//               token's row (mxfp4 288 bytes, fp8 576; cp.async, zero-filled past the item)
-//               into a ring of raw tiles (mxfp4 2 stages; fp8 1, as 2 would not fit beside
+//               token's row (mxfp4 288 bytes, fp8 576 at a 592-byte stride: RAW_STRIDE;
+//               cp.async, zero-filled past the item) into a ring of raw tiles (mxfp4 2 stages; fp8 1, as 2 would not fit beside
 //               Q' and K': its copies of tile + 1 run under tile's Q.K, softmax and P.V), its
 //               row from kv_rows() (one page-table read a tile); mxfp4 also loads E8M0 bytes
 //               part + 4 c with plain loads, stored to the ring a tile later.
@@ -76,7 +76,7 @@
 // kv_fp8_scale) / l rounded to bf16 RNE.
 //
 // Budget (nvcc 13.0 / ptxas, sm_90a): 255 registers at most (__launch_bounds__(256, 1)), no
-// stack, no spills; dynamic shared memory = hipmla.kernels.sm90_rows64_shared_bytes().
+// stack, no spills; dynamic shared memory = hipmla.kernels.sm90_rows64_shared_bytes(kv_format).
 // Measured against the 16-head kernel: README, "64 heads a block on sm_90"; the probe that
 // led here (hot loop alone): KERNELS.md, "64 rows a block on wgmma, measured".
 #include "params.h"
@@ -90,7 +90,7 @@
 #include "arch/sm90a.h"
 
 #if !defined(HIPMLA_KV_FORMAT) || !defined(HIPMLA_Q_PRECISION) || !defined(HIPMLA_FP8_FNUZ)
-#error "split_sm90_rows64.hip needs -DHIPMLA_KV_FORMAT=2 -DHIPMLA_Q_PRECISION=0 -DHIPMLA_FP8_FNUZ=0"
+#error "split_sm90_rows64.hip needs -DHIPMLA_KV_FORMAT=<1|2> -DHIPMLA_Q_PRECISION=0 -DHIPMLA_FP8_FNUZ=0"
 #endif
 #if (HIPMLA_KV_FORMAT != 1 && HIPMLA_KV_FORMAT != 2) || HIPMLA_Q_PRECISION != 0
 #error "split_sm90_rows64.hip reads an fp8 or mxfp4 cache with bf16 Q only (HIPMLA_KV_FORMAT=1 or 2, HIPMLA_Q_PRECISION=0)"
@@ -118,6 +118,10 @@ constexpr int THREADS = 256;                   // 2 warpgroups
 constexpr int CHUNKS = D_QK / 64;              // 128-byte chunks of a bf16 row of Q' / K'
 constexpr int CHUNK_BYTES = TILE * 128;        // one chunk of 64 rows
 constexpr int ROW_BYTES = MX ? D_QK / 2 : D_QK;  // bytes of a cache row
+// Bytes a raw row takes in the ring. fp8's 576 (16 banks mod 32) would put the 8 tokens of
+// a 16-byte load phase on 2 bank groups, a 4-way conflict; 592 puts them on 8. mxfp4's 288
+// (a 2-way conflict) is the layout its figures were measured with.
+constexpr int RAW_STRIDE = MX ? ROW_BYTES : ROW_BYTES + 16;
 constexpr int SCALES = D_QK / MX_BLOCK;        // E8M0 bytes of an mxfp4 row
 constexpr int STAGES = MX ? 2 : 1;             // raw tiles in the ring (a power of two)
 constexpr int QK_STEPS = D_QK / 16 / 2;        // k-steps of Q.K a warpgroup
@@ -148,7 +152,7 @@ struct alignas(1024) Smem {
         float out[ROW_HEADS][OUT_STRIDE];           // after the last tile: O, for whole-row stores
     } u;
     unsigned char p[CHUNK_BYTES];                   // P [head][token 128 B swizzled]
-    unsigned char raw[STAGES][TILE * ROW_BYTES];
+    unsigned char raw[STAGES][TILE * RAW_STRIDE];
     unsigned char sc[STAGES][MX ? TILE * SCALES : 16];  // E8M0 bytes (fp8: unused)
     union {
         f32x4 xs[2][4][128];                        // partial scores a warpgroup hands the other
@@ -159,7 +163,7 @@ struct alignas(1024) Smem {
     WorkItem item;
     int last;
 };
-static_assert(sizeof(Smem) == (MX ? 212992 : 210944), "hipmla.kernels.sm90_rows64_shared_bytes() launches with this");
+static_assert(sizeof(Smem) == (MX ? 212992 : 211968), "hipmla.kernels.sm90_rows64_shared_bytes(kv) launches with this");
 static_assert(sizeof(float) * ROW_HEADS * OUT_STRIDE <= sizeof(Smem::u), "O's stage fits over Q' and K'");
 
 // The item's 16-head rows: the first (its q, out, lse and merge counter; the next ones
@@ -246,7 +250,7 @@ HIPMLA_DEVICE void dequant_tile(const unsigned char* raw, const unsigned char* s
             const int pi = tid + THREADS * (k0 + k);
             if (k0 + k < PAIRS && pi < TILE * UNITS) {
                 const int r = pi % TILE, b = pi / TILE;
-                v[k] = *reinterpret_cast<const u32x4*>(raw + r * ROW_BYTES + 16 * b);
+                v[k] = *reinterpret_cast<const u32x4*>(raw + r * RAW_STRIDE + 16 * b);
                 if constexpr (MX) m[k] = sc[r * SCALES + b];
             }
         }
@@ -414,7 +418,7 @@ HIPMLA_DEVICE void run_tiles(const MlaDecodeParams& p, Smem& sm, const WorkItem&
         if (tile < n_tiles) {
             const unsigned bytes = tile * TILE + ct < n ? 16u : 0u;
             const unsigned char* src = kv + r * ROW_BYTES;
-            const unsigned dst = smem_address(sm.raw[stage] + ct * ROW_BYTES);
+            const unsigned dst = smem_address(sm.raw[stage] + ct * RAW_STRIDE);
 #pragma unroll
             for (int c = 0; c < COPIES; ++c) {
                 const int chunk = cs + PART * c;
@@ -427,20 +431,23 @@ HIPMLA_DEVICE void run_tiles(const MlaDecodeParams& p, Smem& sm, const WorkItem&
     // (after the math of a tile has hidden their latency). A row past the item takes 0: its
     // codes are zero-filled. fp8 has none.
     auto load_scales = [&](int tile, long long r, unsigned (&b)[SCALE_LOADS]) {
-        if constexpr (!MX) return;
-        const bool valid = tile < n_tiles && tile * TILE + ct < n;
+        if constexpr (MX) {
+            const bool valid = tile < n_tiles && tile * TILE + ct < n;
 #pragma unroll
-        for (int c = 0; c < SCALE_LOADS; ++c) {
-            const int k = cs + PART * c;
-            b[c] = valid && k < SCALES ? unsigned(p.kv_scale[r * p.stride_kv_scale + k]) : 0u;
+            for (int c = 0; c < SCALE_LOADS; ++c) {
+                const int k = cs + PART * c;
+                b[c] = valid && k < SCALES ? unsigned(p.kv_scale[r * p.stride_kv_scale + k]) : 0u;
+            }
         }
     };
     auto store_scales = [&](int tile, int stage, const unsigned (&b)[SCALE_LOADS]) {
-        if (!MX || tile >= n_tiles) return;
+        if constexpr (MX) {
+            if (tile >= n_tiles) return;
 #pragma unroll
-        for (int c = 0; c < SCALE_LOADS; ++c) {
-            const int k = cs + PART * c;
-            if (k < SCALES) sm.sc[stage][ct * SCALES + k] = (unsigned char)b[c];
+            for (int c = 0; c < SCALE_LOADS; ++c) {
+                const int k = cs + PART * c;
+                if (k < SCALES) sm.sc[stage][ct * SCALES + k] = (unsigned char)b[c];
+            }
         }
     };
 
