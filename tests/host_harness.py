@@ -170,12 +170,15 @@ def host_source(source: str, arch: str) -> str:
     """The whole C++ file that runs kernel ``source`` (under hip_src) on the CPU for
     ``arch``: the prelude, for the CDNA fast kernels also their wave64 instructions
     (tests/host_cdna.h, with the arch's macro defined) and for the sm_90 kernel its warp
-    instructions (tests/host_sm90.h), the kernel, the launcher."""
-    from hipmla.kernels import FAST_SOURCES, SM90_SOURCE, translation_unit
+    instructions (tests/host_sm90.h; the 64-row kernel also its warpgroup instructions,
+    tests/host_sm90a.h), the kernel, the launcher."""
+    from hipmla.kernels import FAST_SOURCES, SM90_ROWS64_SOURCE, SM90_SOURCE, translation_unit
 
     prelude = HOST_PRELUDE
     if source in FAST_SOURCES.values():
         prelude += f"#define __{arch}__ 1\n" + _header("host_cdna.h")
     elif source == SM90_SOURCE:
         prelude += _header("host_sm90.h")
+    elif source == SM90_ROWS64_SOURCE:
+        prelude += _header("host_sm90.h") + _header("host_sm90a.h")
     return prelude + translation_unit(source) + HOST_LAUNCH

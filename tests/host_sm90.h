@@ -26,9 +26,9 @@ constexpr int HOST_SMEM_BYTES = 224 * 1024;  // what an sm_90 block may opt in t
 }  // namespace hipmla
 
 // The kernel's `extern __shared__` array (C linkage: it is declared inside an extern "C"
-// function).
+// function), on 1024 bytes as the 64-row kernel's swizzled operands need.
 extern "C" {
-alignas(16) unsigned char hipmla_sm90_smem[hipmla::sm90::HOST_SMEM_BYTES];
+alignas(1024) unsigned char hipmla_sm90_smem[hipmla::sm90::HOST_SMEM_BYTES];
 }
 
 #define __global__
@@ -130,6 +130,12 @@ template <int HALF>
 inline unsigned e4m3x2_to_f16x2(unsigned q) {
     const unsigned two = q >> (16 * HALF);
     return f16_rne(float(e4m3_value(two & 0xffu))) | (f16_rne(float(e4m3_value((two >> 8) & 0xffu))) << 16);
+}
+
+// f16x2 -> f32 -> bf16x2 (every f16 value this meets, e4m3's, is a bf16 value; NaN stays NaN).
+inline unsigned f16x2_to_bf16x2(unsigned h) {
+    return hipmla_lanes::bf16_rne(float(f16_value(h & 0xffffu))) |
+           (hipmla_lanes::bf16_rne(float(f16_value(h >> 16))) << 16);
 }
 
 // movmatrix.sync.m8n8.trans.b16: lane (g, t) receives elements (2t, g) and (2t + 1, g).

@@ -422,9 +422,11 @@ def host_kernels(tmp_path_factory):
     def get(spec: KernelSpec, arch: str = "gfx950"):
         key = (spec, arch)
         if key not in cache:
-            src = out / f"{spec.symbol}.{arch}.cpp"
+            # One file per build: two builds of a symbol (a test-only define) at one path
+            # would load as one library.
+            src = out / f"{spec.symbol}.{arch}.{len(cache)}.cpp"
             src.write_text(host_source(spec.source, arch))
-            lib = out / f"{spec.symbol}.{arch}.so"
+            lib = out / f"{spec.symbol}.{arch}.{len(cache)}.so"
             subprocess.run([CLANG, "-std=c++20", "-O1", "-shared", "-fPIC", "-pthread",
                             *spec.options(arch), f"-DHIPMLA_HOST_KERNEL={spec.symbol}", str(src),
                             "-o", str(lib)], check=True, capture_output=True, text=True)
@@ -464,7 +466,9 @@ def run_on_host(host_kernels, q, kv: KVCache, layout: KvLayout, policy: SplitPol
                 q_precision: str, arch: str, errors: np.ndarray | None = None, qo: np.ndarray | None = None,
                 spec: KernelSpec | None = None, placement_sms: int = 0, sms: int | None = None):
     """A kernel over the whole grid, on the CPU; returns (out f32, lse, counters). The
-    portable kernel unless ``spec`` names another (a CDNA fast kernel: tests/host_cdna.h).
+    portable kernel unless ``spec`` names another (a CDNA fast kernel: tests/host_cdna.h;
+    an sm_90 one: tests/host_sm90.h, and for the 64-row kernel tests/host_sm90a.h, launched
+    with its schedule rows and 4 partial slots an item as the decoder launches it).
     ``errors`` (one int32) receives the kernel's error word; ``qo`` is a qo_indptr (q then
     has its rows, and any of 16..128 heads). ``placement_sms`` > 0: the blocks claim their
     items (core/placement.h), block b on SM b % ``sms`` (default placement_sms); the words
@@ -472,11 +476,13 @@ def run_on_host(host_kernels, q, kv: KVCache, layout: KvLayout, policy: SplitPol
     batch = layout.batch
     t_q, heads = q.shape[0], q.shape[1]
     rows = t_q * heads // 16
+    groups, row_tokens = spec.schedule_rows(heads) if spec is not None else (heads // 16, 1)
+    slots = spec.row_heads // 16 if spec is not None else 1  # 16-head partial slots an item
     out = np.full((t_q, heads, 512), 0x7FC1, dtype=np.uint16)  # NaN: unwritten output shows
     lse = np.full((t_q, heads), np.nan, dtype=np.float32)
-    grid = policy.max_items(rows)
-    part_acc = np.full((grid, 16, 512), np.nan, dtype=np.float32)
-    part_ml = np.full((grid, 16, 2), np.nan, dtype=np.float32)
+    grid = policy.max_items(t_q * groups)
+    part_acc = np.full((grid * slots, 16, 512), np.nan, dtype=np.float32)
+    part_ml = np.full((grid * slots, 16, 2), np.nan, dtype=np.float32)
     counters = np.zeros(2 * rows, dtype=np.int32)  # two merge counters a row (core/merge.h)
     qo32 = None if qo is None else np.ascontiguousarray(qo, dtype=np.int32)
     indptr = np.ascontiguousarray(layout.kv_indptr, dtype=np.int32)
@@ -494,7 +500,7 @@ def run_on_host(host_kernels, q, kv: KVCache, layout: KvLayout, policy: SplitPol
         batch=batch, page_shift=layout.page_size.bit_length() - 1,
         errors=_ptr(errors), kv_rows=kv.rows,
         n_indices=0 if indices is None or getattr(layout, "unbounded", False) else indices.shape[0],
-        head_groups=heads // 16, q_tokens=t_q, placement=_ptr(words), placement_sms=placement_sms,
+        head_groups=groups, q_tokens=t_q, placement=_ptr(words), placement_sms=placement_sms, row_tokens=row_tokens,
     )
     p.set_split(policy)
     launch = host_kernels(spec or split_kernel(kv.format, q_precision), arch)

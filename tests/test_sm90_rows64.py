@@ -1,8 +1,9 @@
 """The sm_90a kernel of 64 query rows a work item (hip_src/decode/split_sm90_rows64.hip).
 
 CPU: the specs (an MXFP4 and an fp8 cache, bf16 Q) and when the decoder picks them, the
-builds (ptxas: no spills, sizeof(Smem) is the shared memory the spec launches with), and
-their emulator schedule (a schedule row of 64
+builds (ptxas: no spills, sizeof(Smem) is the shared memory the spec launches with), the
+kernel whole on the CPU harness (tests/host_sm90a.h) against the emulator, and their
+emulator schedule (a schedule row of 64
 heads, or of 64 / heads query tokens below 64 heads, each 16-head group its own softmax,
 causal bound and merge). GPU (``gpu``): ragged paged batches of 64 and 128 heads, and of
 16 and 32 heads with ragged query tokens (MTP), split rows merged in the kernel, against
@@ -26,6 +27,7 @@ from hipmla.inputs import make_inputs, random_cache
 from hipmla.paging import random_page_table
 from hipmla.reference import mla_decode_reference
 from hipmla.schedule import SplitPolicy, schedule
+from test_kernels import host_kernels, run_on_host  # noqa: F401 (host_kernels: the fixture)
 
 SPEC = kernels.sm90_rows64_kernel("mxfp4")
 SPECS = {kv: kernels.sm90_rows64_kernel(kv) for kv in kernels.ROWS64_FORMATS}
@@ -131,6 +133,56 @@ def test_source_rejects_other_specialisations():
     assert "reads an fp8 or mxfp4 cache with bf16 Q only" in source
     assert re.search(r"constexpr int TILE = (\d+);", source.split("namespace sm90r")[1]).group(1) == \
         str(kernels.SM90_ROWS64_TILE)
+
+
+# ----------------------------------------------------------------------------- on the CPU harness
+
+#: Lengths around the 64-token tile; split into items of 64-token multiples.
+HOST_LENS = np.array([0, 1, 63, 65, 130, 300, 37])
+HOST_POLICY = SplitPolicy(target_items=8, min_split_tokens=64, align_tokens=64)
+
+
+@pytest.mark.parametrize("kv_format", kernels.ROWS64_FORMATS)
+@pytest.mark.parametrize("heads,q_lens", [(64, None), (16, (1, 4, 3, 0, 2, 4, 5))])
+def test_kernel_on_cpu_matches_emulator(host_kernels, kv_format, heads, q_lens):
+    """The 64-row kernel, whole, on the CPU (tests/host_sm90a.h: wgmma from the operands'
+    descriptors and swizzled shared memory): 64 heads, and 16 heads x ragged query tokens
+    (rows of 4, 3, 2, 1 and 0 tokens, each warp's causal mask), paged, split items merged
+    in the kernel; against the emulator (64-token tiles, rows of 64). On every CI machine,
+    not only on a GPU."""
+    rng = np.random.default_rng(heads + len(kv_format))
+    n_q = np.ones(HOST_LENS.size, np.int64) if q_lens is None else np.array(q_lens)
+    lens = HOST_LENS + n_q
+    qo = None if q_lens is None else np.concatenate([[0], np.cumsum(n_q)])
+    layout = random_page_table(lens, 16, rng, spare_pages=3)
+    kv = with_odd_fp8_scale(random_cache((int(layout.kv_indices.max()) + 1) * 16, kv_format, rng, scale_stride=24))
+    q = rng.standard_normal((int(n_q.sum()), heads, 576), dtype=np.float32).astype(ml_dtypes.bfloat16)
+    spec = SPECS[kv_format]
+    assert schedule(lens, HOST_POLICY, q_lens=None if qo is None else n_q,
+                    row_tokens=spec.schedule_rows(heads)[1]).n_items.max() >= 2
+    errors = np.zeros(1, np.int32)
+    out, lse, counters = run_on_host(host_kernels, q, kv, layout, HOST_POLICY, SM_SCALE, "bf16", "sm_90", errors,
+                                     qo=qo, spec=spec)
+    emu_out, emu_lse = emulate_decode(q, kv, layout, SM_SCALE, HOST_POLICY, tile_tokens=64, row_heads=64,
+                                      qo_indptr=qo)
+    assert errors[0] == 0 and (counters == 0).all() and np.isfinite(out).all()
+    v_max = float(np.abs(kv.dequantize(np.arange(kv.rows))[:, :512]).max())
+    assert_matches_emulator(out.astype(ml_dtypes.bfloat16), lse, emu_out, emu_lse, v_max,
+                            f"rows64 {kv_format} {heads} heads on the CPU")
+
+
+def test_a_wrong_build_on_cpu_is_off_the_emulator(host_kernels):
+    """The harness runs what it is given: the self-test's broken build (output x 1.5) of
+    the fp8 kernel fails the same comparison."""
+    rng = np.random.default_rng(9)
+    layout = random_page_table(HOST_LENS + 1, 16, rng, spare_pages=3)
+    kv = random_cache((int(layout.kv_indices.max()) + 1) * 16, "fp8", rng)
+    q = rng.standard_normal((HOST_LENS.size, 64, 576), dtype=np.float32).astype(ml_dtypes.bfloat16)
+    out, lse, _ = run_on_host(host_kernels, q, kv, layout, HOST_POLICY, SM_SCALE, "bf16", "sm_90",
+                              spec=selftest.broken(SPECS["fp8"]))
+    emu_out, emu_lse = emulate_decode(q, kv, layout, SM_SCALE, HOST_POLICY, tile_tokens=64, row_heads=64)
+    with pytest.raises(AssertionError, match="off the emulator"):
+        assert_matches_emulator(out.astype(ml_dtypes.bfloat16), lse, emu_out, emu_lse, 8.0, "broken")
 
 
 # ----------------------------------------------------------------------------- the emulated schedule

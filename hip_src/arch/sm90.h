@@ -158,16 +158,6 @@ HIPMLA_DEVICE unsigned f16x2_to_bf16x2(unsigned h) {
     return pack_bf16x2_rn(lo, hi);
 }
 
-// Four e4m3fn codes (the bytes of q) to two bf16x2 words, bytes 0, 1 -> lo and 2, 3 -> hi,
-// the lower byte in the low half: exact (every e4m3 value is a bf16 value), the NaN codes
-// 0x7f / 0xff NaN, as the hardware's e4m3 -> f16 convert gives them. 4 instructions a word,
-// as many as placing the bits by hand and scaling, which would turn the NaN codes into
-// 480 (bf16 has no code that is NaN in e4m3fn's place).
-HIPMLA_DEVICE void e4m3x4_to_bf16x2(unsigned q, unsigned& lo, unsigned& hi) {
-    lo = f16x2_to_bf16x2(e4m3x2_to_f16x2<0>(q));
-    hi = f16x2_to_bf16x2(e4m3x2_to_f16x2<1>(q));
-}
-
 // 2^x, the MUFU approximation (PTX ISA 9.7.4.x "ex2", .approx.ftz.f32: ~2 ulp, results
 // below 2^-126 flushed to zero; ex2(-inf) = +0).
 HIPMLA_DEVICE float exp2_approx(float x) {
@@ -206,6 +196,16 @@ HIPMLA_DEVICE unsigned e2m1x2_to_bf16x2_scaled_down(unsigned byte) {
     const unsigned mags = byte * 0x00040040u;                  // x: bits 6-8, y: bits 22-24
     const unsigned signs = and_bits<0x80008000u>(byte * 0x01001000u);  // x: bit 15, y: bit 31
     return select_bits(0x01C001C0u, mags, signs);
+}
+
+// Four e4m3fn codes (the bytes of q) to two bf16x2 words, bytes 0, 1 -> lo and 2, 3 -> hi,
+// the lower byte in the low half: exact (every e4m3 value is a bf16 value), the NaN codes
+// 0x7f / 0xff NaN, as the hardware's e4m3 -> f16 convert gives them. 4 instructions a word,
+// as many as placing the bits by hand and scaling, which would turn the NaN codes into
+// 480 (bf16 has no code that is NaN in e4m3fn's place).
+HIPMLA_DEVICE void e4m3x4_to_bf16x2(unsigned q, unsigned& lo, unsigned& hi) {
+    lo = f16x2_to_bf16x2(e4m3x2_to_f16x2<0>(q));
+    hi = f16x2_to_bf16x2(e4m3x2_to_f16x2<1>(q));
 }
 
 // E8M0 byte s -> bf16x2 (2^(s-65), 2^(s-65)), the multiplier that takes a block's

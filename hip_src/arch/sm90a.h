@@ -20,8 +20,8 @@
 
 #include "common/platform.h"
 
-#if !defined(__CUDACC__)
-#error "arch/sm90a.h is for NVRTC / nvcc builds for sm_90a only"
+#if !defined(__CUDACC__) && !defined(HIPMLA_HOST_PLATFORM)
+#error "arch/sm90a.h is for NVRTC / nvcc builds for sm_90a only (and the CPU harness, tests/host_sm90a.h)"
 #endif
 
 namespace hipmla {
@@ -38,9 +38,16 @@ HIPMLA_DEVICE unsigned swizzled_unit(unsigned base, int row, int unit) {
     return base + unsigned(row) * 128u + (unsigned(unit ^ (row & 7)) << 4);
 }
 
+#if !defined(HIPMLA_HOST_PLATFORM)  // the CPU harness has its own (tests/host_sm90a.h)
 HIPMLA_DEVICE void st_shared_v4(unsigned a, const unsigned (&x)[4]) {
     asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(a), "r"(x[0]), "r"(x[1]), "r"(x[2]), "r"(x[3])
                  : "memory");
+}
+// The same store without the memory clobber, so the compiler may move other work (the
+// conversions of other registers) across it: for stores that the thread itself does not
+// read back before a barrier.
+HIPMLA_DEVICE void st_shared_v4_no_clobber(unsigned a, const unsigned (&x)[4]) {
+    asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(a), "r"(x[0]), "r"(x[1]), "r"(x[2]), "r"(x[3]));
 }
 HIPMLA_DEVICE void st_shared_b32(unsigned a, unsigned x) { asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(a), "r"(x) : "memory"); }
 
@@ -89,6 +96,8 @@ HIPMLA_DEVICE void wgmma_m64n32k16(float (&d)[16], unsigned long long a, unsigne
           "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
         : "l"(a), "l"(b));
 }
+
+#endif  // !HIPMLA_HOST_PLATFORM
 
 }  // namespace sm90a
 }  // namespace hipmla

@@ -235,11 +235,10 @@ HIPMLA_DEVICE void fill_q(unsigned q_base, const unsigned short* q, int rows, in
 // them is converted: one shared-memory latency a batch, not one a pair (mxfp4's 5 pairs are
 // one batch; fp8's 9 two, which keeps the registers within the budget beside O).
 HIPMLA_DEVICE void dequant_tile(const unsigned char* raw, const unsigned char* sc, unsigned k_base, int tid) {
-    // The store without st_shared_v4's memory clobber, as the mxfp4 loop was measured with:
-    // the compiler may move the conversions of other pairs across it.
+    // Without st_shared_v4's memory clobber, as the mxfp4 loop was measured with: the
+    // compiler may move the conversions of other pairs across the stores.
     auto store = [k_base](int r, int unit, const unsigned (&x)[4]) {
-        const unsigned a = swizzled_unit(k_base + (unit >> 3) * CHUNK_BYTES, r, unit & 7);
-        asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(a), "r"(x[0]), "r"(x[1]), "r"(x[2]), "r"(x[3]));
+        st_shared_v4_no_clobber(swizzled_unit(k_base + (unit >> 3) * CHUNK_BYTES, r, unit & 7), x);
     };
 #pragma unroll
     for (int k0 = 0; k0 < PAIRS; k0 += PAIR_BATCH) {
