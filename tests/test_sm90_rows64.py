@@ -27,7 +27,8 @@ from hipmla.inputs import make_inputs, random_cache
 from hipmla.paging import random_page_table
 from hipmla.reference import mla_decode_reference
 from hipmla.schedule import SplitPolicy, schedule
-from test_kernels import host_kernels, run_on_host  # noqa: F401 (host_kernels: the fixture)
+import test_kernels
+from test_kernels import run_on_host
 
 SPEC = kernels.sm90_rows64_kernel("mxfp4")
 SPECS = {kv: kernels.sm90_rows64_kernel(kv) for kv in kernels.ROWS64_FORMATS}
@@ -137,6 +138,8 @@ def test_source_rejects_other_specialisations():
 
 # ----------------------------------------------------------------------------- on the CPU harness
 
+#: The CPU harness's builds (a fixture of tests/test_kernels.py).
+host_kernels = test_kernels.host_kernels
 #: Lengths around the 64-token tile; split into items of 64-token multiples.
 HOST_LENS = np.array([0, 1, 63, 65, 130, 300, 37])
 HOST_POLICY = SplitPolicy(target_items=8, min_split_tokens=64, align_tokens=64)
