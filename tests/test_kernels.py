@@ -769,7 +769,8 @@ print("ran")
 
 #: Every kernel the CPU harness runs: the portable ones, the CDNA fast ones, sm_90's.
 HOST_SPECS = (all_kernels() + FAST_950 + FAST_942 +
-              [kernels.sm90_split_kernel(kv, qp) for kv in kernels.KV_FORMATS for qp in kernels.Q_PRECISIONS])
+              [kernels.sm90_split_kernel(kv, qp) for kv in kernels.KV_FORMATS for qp in kernels.Q_PRECISIONS] +
+              [kernels.sm90_rows64_kernel(kv) for kv in kernels.ROWS64_FORMATS])
 
 
 @pytest.mark.parametrize("arch, spec", [
@@ -778,6 +779,8 @@ HOST_SPECS = (all_kernels() + FAST_950 + FAST_942 +
     ("gfx950", split_kernel("mxfp4", "bf16")),
     ("sm_90", kernels.sm90_split_kernel("mxfp4")),
     ("sm_90", kernels.sm90_split_kernel("fp8", "mxfp4")),
+    ("sm_90", kernels.sm90_rows64_kernel("mxfp4")),  # 16 heads: rows of up to 4 query tokens
+    ("sm_90", kernels.sm90_rows64_kernel("fp8")),
     ("gfx950", split_kernel("mxfp4", "fp8"))], ids=lambda x: getattr(x, "symbol", x))
 def test_kernels_on_cpu_have_no_data_race(tmp_path, arch, spec):
     """ThreadSanitizer over a whole kernel on the CPU harness: a missing block_sync or
