@@ -29,11 +29,12 @@
 // fp8 211,968 B).
 // Tile = 64 tokens; an item of n tokens is ceil(n / 64) tiles, the last one masked.
 //   copies      thread (token tid / 4, part tid % 4) copies 16-byte chunks part + 4 c of its
-//               token's row (mxfp4 288 bytes, fp8 576 at a 592-byte stride: RAW_STRIDE;
-//               cp.async, zero-filled past the item) into a ring of raw tiles (mxfp4 2 stages; fp8 1, as 2 would not fit beside
-//               Q' and K': its copies of tile + 1 run under tile's Q.K, softmax and P.V), its
-//               row from kv_rows() (one page-table read a tile); mxfp4 also loads E8M0 bytes
-//               part + 4 c with plain loads, stored to the ring a tile later.
+//               token's row (mxfp4 288 bytes; fp8 576, at a 592-byte stride: RAW_STRIDE;
+//               cp.async, zero-filled past the item) into a ring of raw tiles (mxfp4 2
+//               stages; fp8 1, as 2 would not fit beside Q' and K': its copies of tile + 1
+//               run under tile's Q.K, softmax and P.V), its row from kv_rows() (one
+//               page-table read a tile); mxfp4 also loads E8M0 bytes part + 4 c with plain
+//               loads, stored to the ring a tile later.
 //   K' tile     every thread dequantizes (token, 16-byte chunk) pairs pi = tid + 256 k of the
 //               raw tile into bf16 in shared memory, in 128-byte-swizzled chunks of 64 dims:
 //               [chunk 9][token 64][128 B], unit u of row r at u ^ (r & 7). Unit u of chunk c
@@ -77,7 +78,7 @@
 //
 // Budget (nvcc 13.0 / ptxas, sm_90a): 255 registers at most (__launch_bounds__(256, 1)), no
 // stack, no spills; dynamic shared memory = hipmla.kernels.sm90_rows64_shared_bytes(kv_format).
-// Measured against the 16-head kernel: README, "64 heads a block on sm_90"; the probe that
+// Measured against the 16-head kernels: README, "64 rows a block on sm_90"; the probe that
 // led here (hot loop alone): KERNELS.md, "64 rows a block on wgmma, measured".
 #include "params.h"
 #include "common/config.h"
