@@ -145,14 +145,15 @@ HOST_LENS = np.array([0, 1, 63, 65, 130, 300, 37])
 HOST_POLICY = SplitPolicy(target_items=8, min_split_tokens=64, align_tokens=64)
 
 
-@pytest.mark.parametrize("kv_format", kernels.ROWS64_FORMATS)
-@pytest.mark.parametrize("heads,q_lens", [(64, None), (16, (1, 4, 3, 0, 2, 4, 5))])
+@pytest.mark.parametrize("kv_format,heads,q_lens", [
+    (kv, heads, q_lens) for kv in kernels.ROWS64_FORMATS for heads, q_lens in ((64, None), (16, (1, 4, 3, 0, 2, 4, 5)))
+] + [("mxfp4", 128, None), ("mxfp4", 32, (2, 1, 0, 3, 2, 2, 1))])
 def test_kernel_on_cpu_matches_emulator(host_kernels, kv_format, heads, q_lens):
     """The 64-row kernel, whole, on the CPU (tests/host_sm90a.h: wgmma from the operands'
-    descriptors and swizzled shared memory): 64 heads, and 16 heads x ragged query tokens
-    (rows of 4, 3, 2, 1 and 0 tokens, each warp's causal mask), paged, split items merged
-    in the kernel; against the emulator (64-token tiles, rows of 64). On every CI machine,
-    not only on a GPU."""
+    descriptors and swizzled shared memory): 64 heads, 128 (two rows a query token), and
+    16 / 32 heads x ragged query tokens (rows of 4, 3, 2, 1 and 0 tokens, each warp's
+    causal mask), paged, split items merged in the kernel; against the emulator (64-token
+    tiles, rows of 64). On every CI machine, not only on a GPU."""
     rng = np.random.default_rng(heads + len(kv_format))
     n_q = np.ones(HOST_LENS.size, np.int64) if q_lens is None else np.array(q_lens)
     lens = HOST_LENS + n_q
