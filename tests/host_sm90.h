@@ -7,12 +7,15 @@
 // exchange, online softmax, P.V through movmatrix, the merge, the output) runs as written,
 // with the fragment layouts of the PTX ISA that sm90.h cites. The kernel runs on the H200
 // too (tests/test_sm90.py), which checks those layouts for real; this runs on every CI
-// machine. cp.async lands when issued (a missing wait goes unnoticed); ex2.approx is exact
-// exp2 here (the device's is within 2 ulp), flushed below 2^-126 as .ftz does.
+// machine. cp.async lands when issued, or (hipmla::host_late_copies) only at the
+// cp.async.wait_group that covers its group, so a missing or short wait shows as stale
+// data; ex2.approx is exact exp2 here (the device's is within 2 ulp), flushed below 2^-126
+// as .ftz does.
 #pragma once
 
 #include <cmath>
 #include <cstring>
+#include <deque>
 
 #include "host_lanes.h"
 
@@ -176,14 +179,37 @@ inline unsigned smem_address(const void* p) {
     return unsigned(static_cast<const unsigned char*>(p) - hipmla_sm90_smem);
 }
 
+// cp.async groups of this thread while copies land late: the sizes of the committed groups
+// still pending, oldest first, and the copies issued since the last commit (their copies
+// wait in hipmla::host_copies, in issue order; what is pending when the thread ends, the
+// launch counts).
+inline thread_local std::deque<int> host_async_groups;
+inline thread_local int host_async_open = 0;
+inline const unsigned char host_zeros[16] = {};
+
 inline void cp_async_16(unsigned dst, const void* src, unsigned src_bytes) {
-    if (src_bytes == 16u) std::memcpy(hipmla_sm90_smem + dst, src, 16);
-    else if (src_bytes == 0u) std::memset(hipmla_sm90_smem + dst, 0, 16);
-    else hipmla_lanes::unsupported("tests/host_sm90.h", "a partial cp.async");
+    if (src_bytes != 16u && src_bytes != 0u) hipmla_lanes::unsupported("tests/host_sm90.h", "a partial cp.async");
+    hipmla::host_copy(hipmla_sm90_smem + dst, src_bytes ? src : host_zeros, 16);
+    if (hipmla::host_late_copies) ++host_async_open;
 }
-inline void cp_async_commit() {}
+inline void cp_async_commit() {
+    if (!hipmla::host_late_copies) return;
+    host_async_groups.push_back(host_async_open);
+    host_async_open = 0;
+}
+// Lands the oldest groups until at most N are pending (cp.async.wait_group N); the copies
+// since the last commit are in no group and stay pending.
 template <int N>
-inline void cp_async_wait() {}
+inline void cp_async_wait() {
+    while (int(host_async_groups.size()) > N) {
+        for (int k = host_async_groups.front(); k > 0; --k) {
+            const hipmla::HostCopy c = hipmla::host_copies.front();
+            hipmla::host_copies.pop_front();
+            std::memcpy(c.dst, c.src, c.n);
+        }
+        host_async_groups.pop_front();
+    }
+}
 
 inline unsigned dynamic_smem_size() { return HOST_SMEM_BYTES; }
 

@@ -655,6 +655,30 @@ def test_fast_kernels_on_cpu_wait_for_their_copies(host_kernels, arch, kv_format
         assert np.array_equal(a.view(np.uint32), b.view(np.uint32))
 
 
+@pytest.mark.parametrize("spec", [kernels.sm90_split_kernel(kv) for kv in kernels.KV_FORMATS] +
+                         [kernels.sm90_rows64_kernel(kv) for kv in kernels.ROWS64_FORMATS],
+                         ids=lambda s: s.symbol)
+def test_sm90_kernels_on_cpu_wait_for_their_copies(host_kernels, spec):
+    """Both sm_90 kernels with every cp.async landing only at the cp.async.wait_group that
+    covers its group (tests/host_sm90.h): bit-identical to copies landing when issued, so
+    no stage is read before its wait (the 64-row kernel's one-stage fp8 ring included), and
+    no copy is still in flight when a thread ends. 16 heads with rows of up to 4 query
+    tokens for the 64-row kernel."""
+    kv_format, _ = kernels.variant_of(spec)
+    q, kv, layout = _case(kv_format, "e4m3fn", seed=len(spec.symbol))
+    launch = host_kernels(spec, "sm_90")
+    early = run_on_host(host_kernels, q, kv, layout, POLICY, 1 / 24, "bf16", "sm_90", spec=spec)
+    assert launch.late_copies(True) == 0
+    try:
+        late = run_on_host(host_kernels, q, kv, layout, POLICY, 1 / 24, "bf16", "sm_90", spec=spec)
+    finally:
+        left = launch.late_copies(False)
+    assert left == 0, f"{left} copies still in flight when their threads ended"
+    assert np.isfinite(early[0]).all()
+    for a, b in zip(early, late):
+        assert np.array_equal(a.view(np.uint32), b.view(np.uint32))
+
+
 @pytest.mark.parametrize("arch, kv_format, q_precision, page_size",
                          [("gfx950", "mxfp4", "bf16", 16), ("gfx950", "mxfp4", "fp8", 1),
                           ("gfx950", "mxfp4", "mxfp4", 64),
