@@ -8,11 +8,12 @@
 // 7-9) and adds A B to the thread's own accumulators in the register-fragment layout of
 // arch/sm90a.h's header, exact products summed in double and rounded once. It runs when
 // issued, so commit / wait and the async-proxy fence are no-ops here: a kernel that read
-// its accumulators before its wait, or let a wgmma read shared memory another thread was
-// still writing, is not caught on the CPU (the H200 / H100 runs and compute-sanitizer's
-// racecheck cover that). What this proves: the schedule, the copies and dequantization,
-// the operands' shared-memory layouts as the descriptors describe them, the softmax with
-// its masks, the output and the merges, as written.
+// its accumulators before its wait, or overwrote an operand after issuing the wgmma that
+// reads it but before waiting for it, is not caught on the CPU (the GPU runs are). A read
+// of shared memory another thread is still writing, without a barrier between, is a
+// ThreadSanitizer report here as for any other load. What this proves: the schedule, the
+// copies and dequantization, the operands' shared-memory layouts as the descriptors
+// describe them, the softmax with its masks, the output and the merges, as written.
 #pragma once
 
 #include <cstring>
