@@ -6,17 +6,21 @@
 // wgmma reads both operands from shared memory through their descriptors (PTX ISA
 // 9.7.15.5.1: start address, LBO, SBO, the 128-byte swizzle: address bits 4-6 XOR bits
 // 7-9) and adds A B to the thread's own accumulators in the register-fragment layout of
-// arch/sm90a.h's header, exact products summed in double and rounded once. It runs when
-// issued, so commit / wait and the async-proxy fence are no-ops here: a kernel that read
-// its accumulators before its wait, or overwrote an operand after issuing the wgmma that
-// reads it but before waiting for it, is not caught on the CPU (the GPU runs are). A read
-// of shared memory another thread is still writing, without a barrier between, is a
-// ThreadSanitizer report here as for any other load. What this proves: the schedule, the
-// copies and dequantization, the operands' shared-memory layouts as the descriptors
-// describe them, the softmax with its masks, the output and the merges, as written.
+// arch/sm90a.h's header, exact products summed in double and rounded once. It is as late
+// as the PTX ISA lets it be: a wgmma runs at the wgmma.wait_group that covers its
+// commit group (9.7.15.6), reading shared memory and writing the accumulators then, so a
+// kernel that read its accumulators before that wait, or let an operand be overwritten
+// before it, computes something else here and fails its comparison. A read of shared
+// memory another thread is still writing, without a barrier between, is a
+// ThreadSanitizer report as for any other load. The async-proxy fence is a no-op (the
+// host has one proxy). What this proves: the schedule, the copies and dequantization, the
+// operands' shared-memory layouts as the descriptors describe them, the wgmma ordering,
+// the softmax with its masks, the output and the merges, as written.
 #pragma once
 
 #include <cstring>
+#include <deque>
+#include <vector>
 
 // The kernel's `extern __shared__` array: the same host array as the 16-head kernel's.
 #define hipmla_rows64_smem hipmla_sm90_smem
@@ -28,10 +32,6 @@ inline void st_shared_v4(unsigned a, const unsigned (&x)[4]) { std::memcpy(hipml
 inline void st_shared_v4_no_clobber(unsigned a, const unsigned (&x)[4]) { st_shared_v4(a, x); }
 inline void st_shared_b32(unsigned a, unsigned x) { std::memcpy(hipmla_sm90_smem + a, &x, 4); }
 
-inline void wg_fence() {}
-inline void wg_commit() {}
-template <int N>
-inline void wg_wait() {}
 inline void fence_async_smem() {}
 template <int N>
 inline void pin(float (&)[N]) {}
@@ -81,12 +81,36 @@ inline void wgmma_host(float* d, unsigned long long a_desc, unsigned long long b
         }
 }
 
+// This thread's wgmma not yet run: those issued since the last commit, and the committed
+// groups, oldest first.
+struct HostWgmma {
+    void (*run)(float*, unsigned long long, unsigned long long);
+    float* d;
+    unsigned long long a, b;
+};
+inline thread_local std::vector<HostWgmma> host_wg_open;
+inline thread_local std::deque<std::vector<HostWgmma>> host_wg_groups;
+
+inline void wg_fence() {}
+inline void wg_commit() {
+    host_wg_groups.push_back(std::move(host_wg_open));
+    host_wg_open.clear();
+}
+// Runs the oldest groups until at most N are pending.
+template <int N>
+inline void wg_wait() {
+    while (int(host_wg_groups.size()) > N) {
+        for (const HostWgmma& w : host_wg_groups.front()) w.run(w.d, w.a, w.b);
+        host_wg_groups.pop_front();
+    }
+}
+
 template <int TB>
 inline void wgmma_m64n64k16(float (&d)[32], unsigned long long a, unsigned long long b) {
-    wgmma_host<64, TB>(d, a, b);
+    host_wg_open.push_back(HostWgmma{&wgmma_host<64, TB>, d, a, b});
 }
 inline void wgmma_m64n32k16(float (&d)[16], unsigned long long a, unsigned long long b) {
-    wgmma_host<32, 0>(d, a, b);
+    host_wg_open.push_back(HostWgmma{&wgmma_host<32, 0>, d, a, b});
 }
 
 }  // namespace sm90a
