@@ -345,9 +345,9 @@ def sm90_split_kernel(kv_format: str, q_precision: str = "bf16") -> KernelSpec:
 #
 # An MXFP4 or fp8 cache with bf16 Q for steps of 64+ query rows a sequence (heads x query
 # tokens: 64 or 128 heads, or 16 / 32 heads with MTP): 64 rows are wgmma's M, so K is
-# dequantized once per 64 rows. A schedule row is 64 rows (row_heads): the decoder passes head_groups =
-# max(heads / 64, 1), row_tokens = 64 / heads below 64 heads, and sizes 4 partial slots an
-# item.
+# dequantized once per 64 rows. A schedule row is 64 rows (row_heads): the decoder passes
+# head_groups = max(heads / 64, 1), row_tokens = 64 / heads below 64 heads, and sizes 4
+# partial slots an item.
 
 SM90_ROWS64_SOURCE = "decode/split_sm90_rows64.hip"
 SM90_ROWS64_HEADS = 64
@@ -397,8 +397,8 @@ def sm90_rows64_kernel(kv_format: str) -> KernelSpec:
 def main_split_kernel(arch: str, kv_format: str, q_precision: str, heads: int = HEADS,
                       q_len: int = 1) -> KernelSpec:
     """The kernel that takes every item a fast kernel does not: on sm_90 the 64-row kernel
-    for an MXFP4 or fp8 cache with bf16 Q where a sequence's step has 64+ query rows (``heads`` x
-    ``q_len`` query tokens, at least ROWS64_MIN_ROWS), else the sm_90 tensor-core
+    for an MXFP4 or fp8 cache with bf16 Q where a sequence's step has 64+ query rows
+    (``heads`` x ``q_len`` query tokens, at least ROWS64_MIN_ROWS), else the sm_90 tensor-core
     kernel (with bf16 Q it ran on the H200 against the emulator: tests/test_sm90.py,
     tests/test_decode_gpu.py; with quantized Q on an H100, in the quantization's first form:
     README, "Quantized Q on sm_90"); elsewhere the portable kernel."""

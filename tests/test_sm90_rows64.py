@@ -30,8 +30,8 @@ from hipmla.schedule import SplitPolicy, schedule
 import test_kernels
 from test_kernels import run_on_host
 
-SPEC = kernels.sm90_rows64_kernel("mxfp4")
 SPECS = {kv: kernels.sm90_rows64_kernel(kv) for kv in kernels.ROWS64_FORMATS}
+SPEC = SPECS["mxfp4"]
 SM_SCALE = 1 / 24
 
 

@@ -1,7 +1,7 @@
 // sm_90a (Hopper) split kernel of 64 query rows a work item: an MXFP4 or fp8 (e4m3fn) cache
-// with bf16 Q, on the project's serving core, for models of 64 or 128 heads, and for 16 or 32 heads when
-// a step has several query tokens a sequence (MTP: 16 heads x 4 tokens, 32 x 2). Built for
-// sm_90a (wgmma).
+// with bf16 Q, on the project's serving core, for models of 64 or 128 heads, and for 16 or
+// 32 heads when a step has several query tokens a sequence (MTP: 16 heads x 4 tokens, 32 x
+// 2). Built for sm_90a (wgmma).
 //
 // Why a second sm_90 kernel. With 16 rows (decode/split_sm90.hip) every tensor-core form of
 // sm_90 runs at N <= 16, K is dequantized once per 16 rows and transposed for P.V, and
@@ -135,6 +135,9 @@ constexpr int PAIRS = (TILE * UNITS + THREADS - 1) / THREADS;  // (token, chunk)
 constexpr int PAIR_BATCH = 5;                  // pairs loaded before the first is converted
 constexpr int OUT_STRIDE = D_V + 4;            // f32 a head row of the output stage
 constexpr int QSHIFT = MX ? 64 : 0;            // Q' = Q * 2^QSHIFT, K' = K * 2^-QSHIFT
+
+// The cache's tensor scale: fp8's one f32 (it multiplies the scores and O), 1 for mxfp4.
+HIPMLA_DEVICE float tensor_scale(const MlaDecodeParams& p) { return MX ? 1.0f : p.kv_fp8_scale; }
 
 static_assert(THREADS == BLOCK_THREADS, "the kernel launches the project's block size");
 static_assert(ROW_HEADS == 64 && SUB_ROWS * HEADS == ROW_HEADS, "64 heads: wgmma's M");
@@ -469,7 +472,7 @@ HIPMLA_DEVICE void run_tiles(const MlaDecodeParams& p, Smem& sm, const WorkItem&
         for (int s = 0; s < STAGES; ++s) store_scales(s, s, first[s]);
         fence_async_smem();  // Q' for the first Q.K (the loop's first barrier orders it)
     }
-    const float scale = p.sm_scale_log2 * (MX ? 1.0f : p.kv_fp8_scale);
+    const float scale = p.sm_scale_log2 * tensor_scale(p);
 #pragma unroll 1
     for (int tile = 0; tile < n_tiles; ++tile) {
         const int stage = tile & (STAGES - 1);
@@ -509,7 +512,8 @@ HIPMLA_DEVICE void run_tiles(const MlaDecodeParams& p, Smem& sm, const WorkItem&
     for (int c = 0; c < V_CHUNKS; ++c) pin(st.o[c]);
 }
 
-// After the tiles: O (times 2^QSHIFT, and kv_fp8_scale for fp8; / l for an output) through shared memory, m and l.
+// After the tiles: O (times 2^QSHIFT and the tensor scale; / l for an output) through
+// shared memory, m and l.
 template <int WG>
 HIPMLA_DEVICE void write_state(const MlaDecodeParams& p, Smem& sm, const WorkItem& it, Rows<WG>& st) {
     const float l0 = warp_xor_sum(warp_xor_sum(st.l_run[0], 1), 2);
@@ -519,9 +523,9 @@ HIPMLA_DEVICE void write_state(const MlaDecodeParams& p, Smem& sm, const WorkIte
         sm.lsum[WG][st.r1] = l1;
     }
 #ifdef HIPMLA_SELFTEST_BREAK  // test only (hipmla.selftest.broken): a wrong build its check must catch
-    const float out_scale = 1.5f * exp2_int(QSHIFT) * (MX ? 1.0f : p.kv_fp8_scale);
+    const float out_scale = 1.5f * exp2_int(QSHIFT) * tensor_scale(p);
 #else
-    const float out_scale = exp2_int(QSHIFT) * (MX ? 1.0f : p.kv_fp8_scale);
+    const float out_scale = exp2_int(QSHIFT) * tensor_scale(p);
 #endif
     const float nan = f32_from_bits(0x7fc00000u);
     block_sync();  // every P.V done (each warpgroup waited for its own): Q' and K' are free
