@@ -35,8 +35,6 @@ inline void st_shared_b32(unsigned a, unsigned x) { std::memcpy(hipmla_sm90_smem
 inline void fence_async_smem() {}
 template <int N>
 inline void pin(float (&)[N]) {}
-inline void bar_sync(int, int) { hipmla_lanes::unsupported("tests/host_sm90a.h", "a named barrier"); }
-inline void bar_arrive(int, int) { hipmla_lanes::unsupported("tests/host_sm90a.h", "a named barrier"); }
 
 // A descriptor's byte fields (bits 0-13 start >> 4, 16-29 LBO >> 4, 32-45 SBO >> 4); only
 // the 128-byte swizzle (layout 1 in bits 62-63) is emulated.
@@ -108,9 +106,6 @@ inline void wg_wait() {
 template <int TB>
 inline void wgmma_m64n64k16(float (&d)[32], unsigned long long a, unsigned long long b) {
     host_wg_open.push_back(HostWgmma{&wgmma_host<64, TB>, d, a, b});
-}
-inline void wgmma_m64n32k16(float (&d)[16], unsigned long long a, unsigned long long b) {
-    host_wg_open.push_back(HostWgmma{&wgmma_host<32, 0>, d, a, b});
 }
 
 }  // namespace sm90a
