@@ -15,7 +15,10 @@ first (for trees, whose outputs should be right); --page-size times a paged cach
 only one block fits an SM (rows "NAME 1/SM"): the same kernel, where the hardware cannot put
 two of the step's items on one SM while another SM idles. --no-placement also times every
 build with the decoder's placement off (rows "NAME item=block": block i runs item i, as
-before hip_src/core/placement.h).
+before hip_src/core/placement.h). --heads 64 or 128 times the kernel the decoder takes for
+that many heads (with an fp8 or MXFP4 cache the 64-row kernel, decode/split_sm90_rows64.hip,
+which the variants do not edit: trees only, --variants ''), and --same checks that every
+build wrote the same output bytes as the first (for trees meant to change no numerics).
 
 hip_src/KERNELS.md ("sm_90: what was measured, tried and dropped") quotes runs of it.
 """
@@ -125,8 +128,15 @@ def main(argv: list[str]) -> int:
                     help=f"also time each build with {ONE_BLOCK_SHARED} B of dynamic shared memory a block")
     ap.add_argument("--no-placement", action="store_true",
                     help="also time each build with Decoder(placement=False): item i on block i")
+    ap.add_argument("--heads", type=int, default=16, choices=(16, 32, 64, 128),
+                    help="query heads (default 16); the decoder's kernel for them is timed")
+    ap.add_argument("--same", action="store_true", help="check every build's output bytes against the first's")
     args = ap.parse_args(argv)
     variants = {name: VARIANTS[name] for name in filter(None, args.variants.split(","))}
+    rows64 = args.heads >= kernels.ROWS64_MIN_ROWS and set(args.formats.split(",")) & set(kernels.ROWS64_FORMATS)
+    if variants and rows64:
+        raise SystemExit(f"--heads {args.heads}: the 64-row kernel has no variants (they edit {KERNEL}); "
+                         "pass --variants '' and --tree NAME=DIR")
     trees_in = {}
     for item in args.tree:
         name, sep, path = item.partition("=")
@@ -163,20 +173,27 @@ def main(argv: list[str]) -> int:
             max_b = max(lens.size for lens in shapes.values())
             kv = random_cache(max(int(lens.sum()) for lens in shapes.values()), fmt, rng)
             for lens in shapes.values():
-                _, bufs, extra = lens_step(kv, lens, args.page_size, rng)
+                _, bufs, extra = lens_step(kv, lens, args.page_size, rng, args.heads)
+                first_out = None
                 for name, root, shared, placement in runs:
                     kernels.hip_src_dir = lambda root=root: root  # this process compiles from the edited copy
                     # A define of its own per tree: the runtime keeps one loaded kernel per spec
                     # (the placement on and off run one build).
-                    spec = kernels.sm90_split_kernel(fmt)
+                    spec = kernels.main_split_kernel(info.arch, fmt, "bf16", heads=args.heads)
                     spec = dataclasses.replace(spec, defines=spec.defines + (("HIPMLA_ABLATION_VARIANT",
                                                                               str(tree_index[root])),),
                                                dynamic_shared_bytes=max(shared, spec.dynamic_shared_bytes))
-                    dec = Decoder(fmt, BENCH_SM_SCALE, selftest=args.check, max_batch=max_b, kernel=spec,
-                                  placement=placement)
+                    dec = Decoder(fmt, BENCH_SM_SCALE, heads=args.heads, selftest=args.check, max_batch=max_b,
+                                  kernel=spec, placement=placement)
                     results[name].append(statistics.median(timer.time(lambda: dec.run(**bufs, **extra),
                                                                       args.iters, flush=True)))
                     dec.close()
+                    if args.same:
+                        out = bufs["out"].to_host()
+                        if first_out is None:
+                            first_out = out
+                        elif not np.array_equal(out, first_out):
+                            print(f"{name}: {fmt} output differs from {runs[0][0]}'s", flush=True)
                 kernels.hip_src_dir = lambda: original
                 for a in bufs.values():
                     if a is not None:

@@ -461,6 +461,17 @@ def test_every_ablation_variant_still_applies(tmp_path):
         assert bool(changed) == bool(parts), name
 
 
+def test_ablation_refuses_variants_for_the_64_row_kernel():
+    """The variants edit decode/split_sm90.hip, which --heads 64 with an fp8 / MXFP4 cache
+    does not run: asking for them there is an error before any device is touched, not a
+    table of unedited builds."""
+    ablation = _script("sm90_ablation")
+    with pytest.raises(SystemExit, match="--heads 64: the 64-row kernel has no variants"):
+        ablation.main(["--heads", "64", "--formats", "mxfp4"])
+    with pytest.raises(SystemExit, match="--heads 128"):
+        ablation.main(["--heads", "128", "--formats", "bf16,fp8", "--variants", "full,-merge"])
+
+
 def test_timeline_edits_apply_and_its_summary_reads_the_stamps(tmp_path):
     """scripts/sm90_timeline.py inserts time stamps by exact text, like the ablations: each
     insertion applies once here, and its summary turns block records into phase times."""

@@ -33,26 +33,27 @@ def bytes_moved(kv_format: str, tokens: int, batch: int, scale_stride: int, n_sl
     return tokens * per_token + q + out + partials + meta
 
 
-def device_step(cache, layout: KvLayout, rng: np.random.Generator):
+def device_step(cache, layout: KvLayout, rng: np.random.Generator, heads: int = 16):
     """One decode step's device buffers for ``cache`` read through ``layout``: random bf16 Q
-    (N(0, 1)), the cache and its layout uploaded, output and LSE allocated. Returns the
-    host Q, the buffers (``Decoder.run``'s keyword arguments) and the other arguments."""
+    (N(0, 1)) of ``heads`` heads, the cache and its layout uploaded, output and LSE
+    allocated. Returns the host Q, the buffers (``Decoder.run``'s keyword arguments) and the
+    other arguments."""
     b = layout.batch
-    q = rng.standard_normal((b, 16, 576), dtype=np.float32).astype(ml_dtypes.bfloat16)
+    q = rng.standard_normal((b, heads, 576), dtype=np.float32).astype(ml_dtypes.bfloat16)
     host = {"q": q.view(np.uint16), "kv": cache.data, "kv_indptr": layout.kv_indptr,
             "kv_indices": layout.kv_indices, "kv_last_page_len": layout.kv_last_page_len,
             "kv_scale": cache.scales}
     bufs = {k: runtime.DeviceArray.from_host(np.ascontiguousarray(v)) if v is not None else None
             for k, v in host.items()}
-    bufs["out"] = runtime.DeviceArray((b, 16, 512), np.uint16)
-    bufs["lse"] = runtime.DeviceArray((b, 16), np.float32)
+    bufs["out"] = runtime.DeviceArray((b, heads, 512), np.uint16)
+    bufs["lse"] = runtime.DeviceArray((b, heads), np.float32)
     extra = dict(page_size=layout.page_size, fp8_scale=cache.fp8_scale if cache.format == "fp8" else None)
     return q, bufs, extra
 
 
-def lens_step(kv, lens, page_size: int, rng: np.random.Generator):
+def lens_step(kv, lens, page_size: int, rng: np.random.Generator, heads: int = 16):
     """:func:`device_step` for sequences of ``lens`` tokens read from the front of ``kv``:
     contiguous rows (``page_size`` 0), or ``kv`` scattered into pages of ``page_size`` rows
     in random order. Returns what :func:`device_step` returns."""
     layout = random_page_table(lens, page_size, rng) if page_size else KvLayout.contiguous(lens)
-    return device_step(scatter(kv, layout) if page_size else kv, layout, rng)
+    return device_step(scatter(kv, layout) if page_size else kv, layout, rng, heads)
