@@ -12,6 +12,11 @@ named by what it holds), the straight path a warp runs on most tiles, and that p
 token (x 8 warps / 32 tokens), with the instruction mix.
 
     python3 scripts/sm90_counts.py [--formats mxfp4,fp8,bf16] [--src DIR] [--mix] [--cost]
+    python3 scripts/sm90_counts.py --rows64 [--formats mxfp4,fp8] [--src DIR] [--mix]
+
+``--rows64`` counts the 64-row sm_90a kernel (decode/split_sm90_rows64.hip) instead: its
+two warpgroups run a tile loop each (the backward branches around the HGMMAs), and a token
+is (both loops' straight paths) x 4 warps / 64 tokens. The cost model has no HGMMA price.
 
 ``--src`` counts another hip_src tree (a trial change) with this tree's Python. ``--cost``
 prices the straight path with the issue cycles that ``scripts/sm90_mma_rate.py`` measured
@@ -38,6 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from hipmla import kernels, nvidia  # noqa: E402
 
 WARPS, TILE = 8, 32  # split_sm90.hip: 8 warps split a 32-token tile's dimensions
+ROWS64_WARPS, ROWS64_TILE = 4, 64  # split_sm90_rows64.hip: a loop a warpgroup (4 warps), 64-token tiles
 
 #: Cycles of its scheduler that one warp-instruction takes when every scheduler runs 4 warps
 #: (two 8-warp blocks an SM), by opcode prefix, the first match counting: measured by
@@ -164,21 +170,29 @@ def _target(ins: Sass) -> int | None:
     return int(m.group(1), 16) if m else None
 
 
-def tile_loop(code: list[Sass]) -> list[Sass]:
-    """The body of the backward branch that encloses the most HMMAs."""
+def tile_loops(code: list[Sass], tensor: str = "HMMA") -> list[list[Sass]]:
+    """The bodies of the backward branches that enclose the most ``tensor`` instructions
+    (HMMA: the 16-head kernel's one loop; HGMMA: the 64-row kernel's loop of each
+    warpgroup), in address order."""
     at = {ins.address: k for k, ins in enumerate(code)}
-    best = None
+    loops: list[tuple[int, list[Sass]]] = []
     for k, ins in enumerate(code):
         tgt = _target(ins)
         if tgt is None or tgt >= ins.address or tgt not in at:
             continue
         body = code[at[tgt]:k + 1]
-        n = sum(i.opcode.startswith("HMMA") for i in body)
-        if n and (best is None or n > best[0]):
-            best = (n, body)
-    if best is None:
-        raise ValueError("no loop with an HMMA")
-    return best[1]
+        n = sum(i.opcode.startswith(tensor) for i in body)
+        if n:
+            loops.append((n, body))
+    if not loops:
+        raise ValueError(f"no loop with an {tensor}")
+    most = max(n for n, _ in loops)
+    return [body for n, body in loops if n == most]
+
+
+def tile_loop(code: list[Sass]) -> list[Sass]:
+    """The body of the backward branch that encloses the most HMMAs."""
+    return tile_loops(code)[0]
 
 
 def steady_skips(body: list[Sass]) -> list[tuple[int, int, str]]:
@@ -204,7 +218,21 @@ def steady_skips(body: list[Sass]) -> list[tuple[int, int, str]]:
 
 
 def count(sass: str, symbol: str) -> LoopCount:
-    body = tile_loop(parse(sass, symbol))
+    return count_body(symbol, tile_loop(parse(sass, symbol)))
+
+
+def count_rows64(sass: str, symbol: str) -> list[LoopCount]:
+    """The 64-row kernel's tile loops, one a warpgroup, counted as :func:`count` counts."""
+    return [count_body(symbol, body) for body in tile_loops(parse(sass, symbol), "HGMMA")]
+
+
+def rows64_per_token(loops: list[LoopCount]) -> float:
+    """Warp-instructions a token of the 64-row kernel's straight paths: each warpgroup's 4
+    warps run their loop once a 64-token tile."""
+    return sum(c.straight for c in loops) * ROWS64_WARPS / ROWS64_TILE
+
+
+def count_body(symbol: str, body: list[Sass]) -> LoopCount:
     result = LoopCount(symbol, len(body))
     drop: set[int] = set()
     for a, b, name in steady_skips(body):
@@ -214,12 +242,13 @@ def count(sass: str, symbol: str) -> LoopCount:
     return result
 
 
-def compile_sass(kv_format: str, src: Path | None, work: Path) -> tuple[str, str]:
-    """(symbol, cuobjdump -sass text) of the sm_90 kernel for ``kv_format``."""
+def compile_sass(kv_format: str, src: Path | None, work: Path, rows64: bool = False) -> tuple[str, str]:
+    """(symbol, cuobjdump -sass text) of the sm_90 kernel for ``kv_format`` (``rows64``: the
+    64-row sm_90a kernel)."""
     nvcc, cuobjdump = nvidia.find_cuda_tool("nvcc"), nvidia.find_cuda_tool("cuobjdump")
     if nvcc is None or cuobjdump is None:
         raise SystemExit("needs nvcc and cuobjdump (pip install nvidia-cuda-cuobjdump)")
-    spec = kernels.sm90_split_kernel(kv_format)
+    spec = kernels.sm90_rows64_kernel(kv_format) if rows64 else kernels.sm90_split_kernel(kv_format)
     original = kernels.hip_src_dir
     if src is not None:
         kernels.hip_src_dir = lambda: src
@@ -229,8 +258,8 @@ def compile_sass(kv_format: str, src: Path | None, work: Path) -> tuple[str, str
         kernels.hip_src_dir = original
     tu, cubin = work / f"{kv_format}.cu", work / f"{kv_format}.cubin"
     tu.write_text(text)
-    subprocess.run([nvcc, "-arch=sm_90", "-cubin", "-O3", *spec.options("sm_90"), "-x", "cu", str(tu), "-o", str(cubin)],
-                   check=True, capture_output=True, text=True)
+    subprocess.run([nvcc, f"-arch=sm_90{spec.arch_suffix}", "-cubin", "-O3", *spec.options("sm_90"), "-x", "cu",
+                    str(tu), "-o", str(cubin)], check=True, capture_output=True, text=True)
     return spec.symbol, subprocess.run([cuobjdump, "-sass", str(cubin)], check=True, capture_output=True,
                                        text=True).stdout
 
@@ -241,8 +270,32 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--src", type=Path, default=None, help="a hip_src tree to count instead of this one")
     ap.add_argument("--mix", action="store_true", help="print the straight path's opcodes")
     ap.add_argument("--cost", action="store_true", help="price the straight path with the H200's measured issue cycles")
+    ap.add_argument("--rows64", action="store_true", help="count the 64-row sm_90a kernel (fp8, mxfp4)")
     args = ap.parse_args(argv)
+    if args.rows64:
+        if args.cost:
+            raise SystemExit("--rows64: the cost model has no price for HGMMA; count without --cost")
+        bad = [f for f in args.formats.split(",") if f not in kernels.ROWS64_FORMATS]
+        if args.formats == ap.get_default("formats"):
+            args.formats = ",".join(kernels.ROWS64_FORMATS)
+        elif bad:
+            raise SystemExit(f"--rows64: the 64-row kernel reads {', '.join(kernels.ROWS64_FORMATS)}, "
+                             f"not {', '.join(bad)}")
     with tempfile.TemporaryDirectory() as tmp:
+        if args.rows64:
+            for fmt in args.formats.split(","):
+                symbol, sass = compile_sass(fmt, args.src.resolve() if args.src else None, Path(tmp), rows64=True)
+                loops = count_rows64(sass, symbol)
+                parts = "; ".join(
+                    f"warpgroup {wg}: loop {c.loop}, skipped "
+                    f"{', '.join(f'{name} {n}' for name, n in c.skipped.items()) or 'none'}, straight {c.straight} "
+                    f"(HGMMA {sum(v for k, v in c.mix.items() if k.startswith('HGMMA'))})"
+                    for wg, c in enumerate(loops))
+                print(f"{fmt:>5}: {parts}; {rows64_per_token(loops):.1f} warp-instructions a token (64 rows)")
+                if args.mix:
+                    for c in loops:
+                        print("       " + ", ".join(f"{op} {n}" for op, n in c.mix.most_common()))
+            return 0
         for fmt in args.formats.split(","):
             symbol, sass = compile_sass(fmt, args.src.resolve() if args.src else None, Path(tmp))
             c = count(sass, symbol)

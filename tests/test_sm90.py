@@ -358,6 +358,37 @@ def test_sm90_counts_finds_the_tile_loop_and_its_skipped_blocks():
         counts.parse(SYNTHETIC_SASS, "other")
 
 
+SYNTHETIC_ROWS64_SASS = """
+        Function : r
+        /*0000*/                   MOV R1, c[0x0][0x28] ;
+        /*0010*/                   HGMMA.64x64x16.F32.BF16 R24, gdesc[UR4], R24 ;
+        /*0020*/                   FADD R4, R4, R2 ;
+        /*0030*/              @!P1 BRA 0x10 ;
+        /*0040*/                   BAR.SYNC.DEFER_BLOCKING 0x0 ;
+        /*0050*/                   HGMMA.64x64x16.F32.BF16 R24, gdesc[UR4], R24 ;
+        /*0060*/                   FADD R4, R4, R2 ;
+        /*0070*/                   LOP3.LUT R5, R4, 0xf, RZ, 0xc0, !PT ;
+        /*0080*/              @!P1 BRA 0x50 ;
+        /*0090*/                   EXIT ;
+"""
+
+
+def test_sm90_counts_finds_the_64_row_kernels_two_loops():
+    """--rows64: each warpgroup of the 64-row kernel has a tile loop of its own (the
+    backward branches around the HGMMAs), and a token costs both loops' straight paths x
+    4 warps / 64 tokens; the 16-head kernel's count finds no HMMA loop there."""
+    counts = _script("sm90_counts")
+    loops = counts.count_rows64(SYNTHETIC_ROWS64_SASS, "r")
+    assert [c.loop for c in loops] == [3, 4] and all(c.mix["HGMMA.64x64x16.F32.BF16"] == 1 for c in loops)
+    assert counts.rows64_per_token(loops) == pytest.approx((3 + 4) * 4 / 64)
+    with pytest.raises(ValueError, match="no loop with an HMMA"):
+        counts.count(SYNTHETIC_ROWS64_SASS, "r")
+    with pytest.raises(SystemExit, match="--rows64: the 64-row kernel reads fp8, mxfp4, not bf16"):
+        counts.main(["--rows64", "--formats", "bf16"])
+    with pytest.raises(SystemExit, match="no price for HGMMA"):
+        counts.main(["--rows64", "--cost"])
+
+
 def test_sm90_counts_cost_model_prices_each_kind():
     """--cost: the loop above is 2 HMMA.16816 + 1 MOVM (tensor), 2 FMUL (fma), 1 SHFL and
     2 BRA (one issue cycle each, "other"), priced with ISSUE_CYCLES; the byte budget of a
