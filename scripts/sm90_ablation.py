@@ -133,7 +133,7 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--same", action="store_true", help="check every build's output bytes against the first's")
     args = ap.parse_args(argv)
     variants = {name: VARIANTS[name] for name in filter(None, args.variants.split(","))}
-    rows64 = args.heads >= kernels.ROWS64_MIN_ROWS and set(args.formats.split(",")) & set(kernels.ROWS64_FORMATS)
+    rows64 = args.heads >= kernels.ROWS64_MIN_ROWS and any(f in kernels.ROWS64_FORMATS for f in args.formats.split(","))
     if variants and rows64:
         raise SystemExit(f"--heads {args.heads}: the 64-row kernel has no variants (they edit {KERNEL}); "
                          "pass --variants '' and --tree NAME=DIR")

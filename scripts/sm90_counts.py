@@ -264,26 +264,30 @@ def compile_sass(kv_format: str, src: Path | None, work: Path, rows64: bool = Fa
                                        text=True).stdout
 
 
+def mix_line(c: LoopCount) -> str:
+    """A straight path's opcodes, most frequent first."""
+    return "       " + ", ".join(f"{op} {n}" for op, n in c.mix.most_common())
+
+
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--formats", default="bf16,fp8,mxfp4")
+    ap.add_argument("--formats", default=None, help="bf16,fp8,mxfp4 (--rows64: fp8,mxfp4)")
     ap.add_argument("--src", type=Path, default=None, help="a hip_src tree to count instead of this one")
     ap.add_argument("--mix", action="store_true", help="print the straight path's opcodes")
     ap.add_argument("--cost", action="store_true", help="price the straight path with the H200's measured issue cycles")
     ap.add_argument("--rows64", action="store_true", help="count the 64-row sm_90a kernel (fp8, mxfp4)")
     args = ap.parse_args(argv)
+    formats = (args.formats or ",".join(kernels.ROWS64_FORMATS if args.rows64 else kernels.KV_FORMATS)).split(",")
     if args.rows64:
         if args.cost:
             raise SystemExit("--rows64: the cost model has no price for HGMMA; count without --cost")
-        bad = [f for f in args.formats.split(",") if f not in kernels.ROWS64_FORMATS]
-        if args.formats == ap.get_default("formats"):
-            args.formats = ",".join(kernels.ROWS64_FORMATS)
-        elif bad:
+        bad = [f for f in formats if f not in kernels.ROWS64_FORMATS]
+        if bad:
             raise SystemExit(f"--rows64: the 64-row kernel reads {', '.join(kernels.ROWS64_FORMATS)}, "
                              f"not {', '.join(bad)}")
     with tempfile.TemporaryDirectory() as tmp:
         if args.rows64:
-            for fmt in args.formats.split(","):
+            for fmt in formats:
                 symbol, sass = compile_sass(fmt, args.src.resolve() if args.src else None, Path(tmp), rows64=True)
                 loops = count_rows64(sass, symbol)
                 parts = "; ".join(
@@ -294,9 +298,9 @@ def main(argv: list[str]) -> int:
                 print(f"{fmt:>5}: {parts}; {rows64_per_token(loops):.1f} warp-instructions a token (64 rows)")
                 if args.mix:
                     for c in loops:
-                        print("       " + ", ".join(f"{op} {n}" for op, n in c.mix.most_common()))
+                        print(mix_line(c))
             return 0
-        for fmt in args.formats.split(","):
+        for fmt in formats:
             symbol, sass = compile_sass(fmt, args.src.resolve() if args.src else None, Path(tmp))
             c = count(sass, symbol)
             skips = ", ".join(f"{name} {n}" for name, n in c.skipped.items()) or "none"
@@ -304,7 +308,7 @@ def main(argv: list[str]) -> int:
                   f"{c.straight} a warp and tile = {c.per_token:.1f} warp-instructions a token "
                   f"(HMMA {sum(v for k, v in c.mix.items() if k.startswith('HMMA'))}, MOVM {c.mix['MOVM.16.MT88']})")
             if args.mix:
-                print("       " + ", ".join(f"{op} {n}" for op, n in c.mix.most_common()))
+                print(mix_line(c))
             if args.cost:
                 by = issue_cycles(c.mix)
                 low, high = issue_bounds(by)
