@@ -19,6 +19,8 @@ before hip_src/core/placement.h). --heads 64 or 128 times the kernel the decoder
 that many heads (with an fp8 or MXFP4 cache the 64-row kernel, decode/split_sm90_rows64.hip,
 which the variants do not edit: trees only, --variants ''), and --same checks that every
 build wrote the same output bytes as the first (for trees meant to change no numerics).
+--shared-bytes N launches every build with at least N bytes of dynamic shared memory (for a
+tree whose kernel needs more than the current one's: its own would trap).
 
 hip_src/KERNELS.md ("sm_90: what was measured, tried and dropped") quotes runs of it.
 """
@@ -131,6 +133,9 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--heads", type=int, default=16, choices=(16, 32, 64, 128),
                     help="query heads (default 16); the decoder's kernel for them is timed")
     ap.add_argument("--same", action="store_true", help="check every build's output bytes against the first's")
+    ap.add_argument("--shared-bytes", type=int, default=0,
+                    help="launch every build with at least this much dynamic shared memory (a tree whose kernel "
+                         "needs more than the current one's)")
     args = ap.parse_args(argv)
     variants = {name: VARIANTS[name] for name in filter(None, args.variants.split(","))}
     rows64 = args.heads >= kernels.ROWS64_MIN_ROWS and any(f in kernels.ROWS64_FORMATS for f in args.formats.split(","))
@@ -162,7 +167,7 @@ def main(argv: list[str]) -> int:
             trees[name] = root
         trees.update(trees_in)
         tree_index = {root: i for i, root in enumerate(trees.values())}
-        runs = [(name, root, 0, True) for name, root in trees.items()]
+        runs = [(name, root, args.shared_bytes, True) for name, root in trees.items()]
         if args.one_block_per_sm:
             runs += [(f"{name} 1/SM", root, ONE_BLOCK_SHARED, True) for name, root in trees.items()]
         if args.no_placement:
