@@ -192,6 +192,9 @@ def main(argv: list[str]) -> int:
                                   kernel=spec, placement=placement)
                     results[name].append(statistics.median(timer.time(lambda: dec.run(**bufs, **extra),
                                                                       args.iters, flush=True)))
+                    # As it comes (stderr), so a run cut short still leaves its figures.
+                    print(f"  {name} {fmt} {lens.size}x{int(lens.max())}: {results[name][-1]:.1f} us",
+                          file=sys.stderr, flush=True)
                     dec.close()
                     if args.same:
                         out = bufs["out"].to_host()
