@@ -363,17 +363,17 @@ ROWS64_FORMATS = ("fp8", "mxfp4")
 
 def sm90_rows64_shared_bytes(kv_format: str) -> int:
     """Dynamic shared memory of the 64-head sm_90a kernel for a cache format: ``sizeof(Smem)``
-    of split_sm90_rows64.hip (Q' and K' of 9 swizzled 8 KiB chunks each, a ring of raw rows
-    -- mxfp4 2 stages and their E8M0 bytes, fp8 1 stage of rows 16 bytes apart (against bank
-    conflicts) and the 16 unused bytes that stand for the E8M0 array -- the partial-score
-    exchange (each warpgroup's partial of all 64 tokens), the sums, the item, the merge shares)."""
+    of split_sm90_rows64.hip (Q' and K' of 9 swizzled 8 KiB chunks each, P, a ring of raw
+    rows -- mxfp4 2 stages and their E8M0 bytes, fp8 1 stage of rows 16 bytes apart (against
+    bank conflicts) and the 16 unused bytes that stand for the E8M0 array -- the
+    partial-score exchange, maxima and sums, the item)."""
     _check_choice(kv_format, "kv_format", ROWS64_FORMATS)
     tile, chunk = SM90_ROWS64_TILE, SM90_ROWS64_TILE * 128
     qk = 2 * (D_QK // 64) * chunk
     ring = 2 * tile * (D_QK // 2 + D_QK // 32) if kv_format == "mxfp4" else tile * (D_QK + 16) + 16
-    exchange = 2 * 8 * 128 * 16
-    state = 2 * SM90_ROWS64_HEADS * 4 + 10 * 4 + 4 * 4  # lsum, the work item, a merge share a 16-head row
-    return -(-(qk + ring + exchange + state) // 1024) * 1024
+    exchange = 2 * 4 * 128 * 16
+    state = 2 * 2 * SM90_ROWS64_HEADS * 4 + 10 * 4 + 4  # mx, lsum, the work item, the arrive flag
+    return -(-(qk + chunk + ring + exchange + state) // 1024) * 1024
 
 
 def sm90_rows64_kernel(kv_format: str) -> KernelSpec:

@@ -79,44 +79,12 @@ inline void wgmma_host(float* d, unsigned long long a_desc, unsigned long long b
         }
 }
 
-// D (64 x N) += A B with A in registers (mma.sync m16n8k16's A fragment for the warp's 16
-// rows, read from `a` when the wgmma runs, i.e. at its wait) and B MN-major in shared
-// memory. The warp's lanes meet to see each other's A registers.
-template <int N>
-inline void wgmma_host_ra(float* d, const unsigned* a_regs, unsigned long long b_desc) {
-    struct A4 {
-        unsigned a[4];
-    };
-    const HostDesc b = host_desc(b_desc);
-    const A4 mine{{a_regs[0], a_regs[1], a_regs[2], a_regs[3]}};
-    const int l = int(host_thread % 32u), g = l / 4, t = l % 4;
-    const bool ok = hipmla_lanes::exchange<32>(mine, [&](auto peer) {
-        A4 all[32];
-        for (int q = 0; q < 32; ++q) all[q] = peer(q);
-        // A(row, k) of the warp's 16 rows: lane 4 (row % 8) + (k % 8) / 2, reg (row / 8) + 2 (k / 8).
-        auto a = [&](int row, int k) {
-            return hipmla_lanes::bf16_value(all[4 * (row % 8) + (k % 8) / 2].a[(row / 8) + 2 * (k / 8)] >> (16 * (k % 2)));
-        };
-        for (int j = 0; j < N / 8; ++j)
-            for (int e = 0; e < 4; ++e) {
-                const int row = g + 8 * (e >> 1), col = 8 * j + 2 * t + (e & 1);
-                double sum = 0.0;
-                for (int k = 0; k < 16; ++k) sum += a(row, k) * host_operand(mn_major(b, k, col));
-                d[4 * j + e] = float(double(d[4 * j + e]) + sum);
-            }
-        return true;
-    });
-    (void)ok;
-}
-
 // This thread's wgmma not yet run: those issued since the last commit, and the committed
-// groups, oldest first. `ra`: A's registers (A in registers), else A is `a`'s descriptor.
+// groups, oldest first.
 struct HostWgmma {
     void (*run)(float*, unsigned long long, unsigned long long);
     float* d;
     unsigned long long a, b;
-    const unsigned* ra = nullptr;
-    void (*run_ra)(float*, const unsigned*, unsigned long long) = nullptr;
 };
 inline thread_local std::vector<HostWgmma> host_wg_open;
 inline thread_local std::deque<std::vector<HostWgmma>> host_wg_groups;
@@ -130,10 +98,7 @@ inline void wg_commit() {
 template <int N>
 inline void wg_wait() {
     while (int(host_wg_groups.size()) > N) {
-        for (const HostWgmma& w : host_wg_groups.front()) {
-            if (w.ra != nullptr) w.run_ra(w.d, w.ra, w.b);
-            else w.run(w.d, w.a, w.b);
-        }
+        for (const HostWgmma& w : host_wg_groups.front()) w.run(w.d, w.a, w.b);
         host_wg_groups.pop_front();
     }
 }
@@ -142,8 +107,8 @@ template <int TB>
 inline void wgmma_m64n64k16(float (&d)[32], unsigned long long a, unsigned long long b) {
     host_wg_open.push_back(HostWgmma{&wgmma_host<64, TB>, d, a, b});
 }
-inline void wgmma_m64n256k16_ra_tb(float (&d)[128], const unsigned* a, unsigned long long b) {
-    host_wg_open.push_back(HostWgmma{nullptr, d, 0, b, a, &wgmma_host_ra<256>});
+inline void wgmma_m64n256k16_tb(float (&d)[128], unsigned long long a, unsigned long long b) {
+    host_wg_open.push_back(HostWgmma{&wgmma_host<256, 1>, d, a, b});
 }
 
 }  // namespace sm90a

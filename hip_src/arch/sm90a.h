@@ -83,12 +83,10 @@ HIPMLA_DEVICE void wgmma_m64n64k16(float (&d)[32], unsigned long long a, unsigne
         : "l"(a), "l"(b), "n"(TB));
 }
 
-// D (64 x 256 f32) += A B, wgmma.mma_async.m64n256k16.f32.bf16.bf16 with A (64 x 16 bf16) in
-// registers and B MN-major (transposed) in shared memory (PTX ISA 9.7.15.5.2), B's four
-// 64-column atoms LBO apart. A's register fragment (9.7.15.5.1.1) is mma.sync m16n8k16's for
-// the warp's 16 rows: a[0] (row g, k 2t, 2t + 1), a[1] (row g + 8, same k), a[2] / a[3] the
-// same rows at k + 8; the registers must hold until the wgmma's group is waited for.
-HIPMLA_DEVICE void wgmma_m64n256k16_ra_tb(float (&d)[128], const unsigned* a, unsigned long long b) {
+// D (64 x 256 f32) += A B, wgmma.mma_async.m64n256k16.f32.bf16.bf16, A K-major and B MN-major
+// (transposed) in shared memory (PTX ISA 9.7.15.5.2): B's four 64-column atoms LBO apart. One
+// instruction reads A once for 256 columns, where four m64n64k16 read it four times.
+HIPMLA_DEVICE void wgmma_m64n256k16_tb(float (&d)[128], unsigned long long a, unsigned long long b) {
     asm volatile(
         "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
         "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {"
@@ -100,7 +98,7 @@ HIPMLA_DEVICE void wgmma_m64n256k16_ra_tb(float (&d)[128], const unsigned* a, un
         "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "
         "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, "
         "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, "
-        "{%128, %129, %130, %131}, %132, p, 1, 1, 1;\n}\n"
+        "%128, %129, p, 1, 1, 0, 1;\n}\n"
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
           "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
           "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
@@ -117,7 +115,7 @@ HIPMLA_DEVICE void wgmma_m64n256k16_ra_tb(float (&d)[128], const unsigned* a, un
           "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
           "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
           "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
+        : "l"(a), "l"(b));
 }
 
 #endif  // !HIPMLA_HOST_PLATFORM

@@ -158,17 +158,19 @@ struct alignas(1024) Smem {
         } t;
         float out[ROW_HEADS][OUT_STRIDE];           // after the last tile: O, for whole-row stores
     } u;
+    unsigned char p[CHUNK_BYTES];                   // P [head][token 128 B swizzled]
     unsigned char raw[STAGES][TILE * RAW_STRIDE];
     unsigned char sc[STAGES][MX ? TILE * SCALES : 16];  // E8M0 bytes (fp8: unused)
     union {
-        f32x4 xs[2][8][128];                        // partial scores a warpgroup hands the other
+        f32x4 xs[2][4][128];                        // partial scores a warpgroup hands the other
         ScheduleSmem<THREADS> sched;                // before the first tile
     } x;
+    float mx[2][ROW_HEADS];                         // each warpgroup's maxima of a tile
     float lsum[2][ROW_HEADS];                       // each warpgroup's l at the end
     WorkItem item;
     int last[SUB_ROWS];  // merge_split_rows' shares
 };
-static_assert(sizeof(Smem) == (MX ? 220160 : 219136), "hipmla.kernels.sm90_rows64_shared_bytes(kv) launches with this");
+static_assert(sizeof(Smem) == (MX ? 212992 : 211968), "hipmla.kernels.sm90_rows64_shared_bytes(kv) launches with this");
 static_assert(sizeof(float) * ROW_HEADS * OUT_STRIDE <= sizeof(Smem::u), "O's stage fits over Q' and K'");
 
 // The item's 16-head rows: the first (its q, out, lse and merge counter; the next ones
@@ -292,7 +294,6 @@ HIPMLA_DEVICE void dequant_tile(const unsigned char* raw, const unsigned char* s
 template <int WG>
 struct Rows {
     float o[O_REGS];  // element 4 j + e: column 8 j + 2 t + (e & 1) of the warpgroup's 256 dims
-    unsigned pa[4 * TILE / 16];  // P (bf16x2) as P.V's A fragments, 4 a k-step
     float m_run[2], l_run[2];
     int r0, r1, t, wtid;
     int n_row;  // tokens of the item its 16-head row (the warp's: heads r0, r1) sees
@@ -311,31 +312,33 @@ struct Rows {
     }
 
     // The tile's scores S (this warpgroup's partial over its dims, 8 column blocks of 8
-    // tokens) -> P in registers, as the A fragments of P.V: the warpgroups trade their
-    // partials through xs, so each has every token's score (the two halves added, the same
-    // f32 sum in both) and the row maxima of all 64 tokens, with no second exchange; both
-    // compute the same P, rounded to bf16 (the accumulator layout of S is wgmma's A register
-    // layout: k-step ks is column blocks 2 ks, 2 ks + 1). l sums the warpgroup's own 32
-    // tokens (blocks 4 WG ..), the two added at the end. alpha rescales O. Tokens at or
-    // past `valid` (the thread's row's) score -inf; a row may have none left in a tile (an
-    // earlier query token of a row of several), so a max of -inf is taken as 0: alpha and P
-    // are then 0, not NaN. The caller's wgmma wait covered the last P.V, which read pa.
-    HIPMLA_DEVICE void softmax(const float (&s)[32], f32x4* xs, float scale, int valid) {
-        constexpr int NB = 8;
+    // tokens) -> P in shared memory: the warpgroups trade halves through xs (warpgroup 0
+    // keeps blocks 0-3, 1 blocks 4-7), take the row maxima of their halves, trade them
+    // through mx, and write P rounded to bf16 into the P tile, fenced for the async proxy;
+    // alpha rescales O. Tokens at or past `valid` (the thread's row's) score -inf; a row may
+    // have none left in a tile (an earlier query token of a row of several), so a max of
+    // -inf is taken as 0: alpha and P are then 0, not NaN. The caller's wgmma wait covered
+    // the last P.V, which read P.
+    HIPMLA_DEVICE void softmax(const float (&s)[32], f32x4* xs, float (*mx)[ROW_HEADS], unsigned p_base, float scale,
+                               int valid) {
+        constexpr int NB = 4;
+        constexpr int GIVE = WG == 0 ? NB : 0, KEEP = WG == 0 ? 0 : NB;
         const float neg_inf = f32_from_bits(0xff800000u);
 #pragma unroll
-        for (int k = 0; k < NB; ++k) xs[(WG * NB + k) * 128 + wtid] = f32x4{s[4 * k], s[4 * k + 1], s[4 * k + 2], s[4 * k + 3]};
+        for (int k = 0; k < NB; ++k)
+            xs[(WG * NB + k) * 128 + wtid] = f32x4{s[4 * (GIVE + k)], s[4 * (GIVE + k) + 1], s[4 * (GIVE + k) + 2],
+                                                   s[4 * (GIVE + k) + 3]};
         block_sync();
         float sv[4 * NB];
 #pragma unroll
         for (int k = 0; k < NB; ++k) {
             const f32x4 o4 = xs[((1 - WG) * NB + k) * 128 + wtid];
-            const int tok = 8 * k + 2 * t;
+            const int tok = 8 * (KEEP + k) + 2 * t;
             const bool v0 = tok < valid, v1 = tok + 1 < valid;
-            sv[4 * k] = v0 ? (s[4 * k] + o4.x) * scale : neg_inf;
-            sv[4 * k + 1] = v1 ? (s[4 * k + 1] + o4.y) * scale : neg_inf;
-            sv[4 * k + 2] = v0 ? (s[4 * k + 2] + o4.z) * scale : neg_inf;
-            sv[4 * k + 3] = v1 ? (s[4 * k + 3] + o4.w) * scale : neg_inf;
+            sv[4 * k] = v0 ? (s[4 * (KEEP + k)] + o4.x) * scale : neg_inf;
+            sv[4 * k + 1] = v1 ? (s[4 * (KEEP + k) + 1] + o4.y) * scale : neg_inf;
+            sv[4 * k + 2] = v0 ? (s[4 * (KEEP + k) + 2] + o4.z) * scale : neg_inf;
+            sv[4 * k + 3] = v1 ? (s[4 * (KEEP + k) + 3] + o4.w) * scale : neg_inf;
         }
         float mx0 = sv[0], mx1 = sv[2];
 #pragma unroll
@@ -345,23 +348,27 @@ struct Rows {
         }
         mx0 = warp_xor_max(warp_xor_max(mx0, 1), 2);
         mx1 = warp_xor_max(warp_xor_max(mx1, 1), 2);
+        if (t == 0) {
+            mx[WG][r0] = mx0;
+            mx[WG][r1] = mx1;
+        }
+        block_sync();
         const float prev0 = m_run[0], prev1 = m_run[1];
-        m_run[0] = fmaxf(prev0, mx0);
-        m_run[1] = fmaxf(prev1, mx1);
+        m_run[0] = fmaxf(prev0, fmaxf(mx[0][r0], mx[1][r0]));
+        m_run[1] = fmaxf(prev1, fmaxf(mx[0][r1], mx[1][r1]));
         const float mn0 = m_run[0] == neg_inf ? 0.0f : m_run[0];
         const float mn1 = m_run[1] == neg_inf ? 0.0f : m_run[1];
         const float a0 = exp2_approx(prev0 - mn0), a1 = exp2_approx(prev1 - mn1);
         float ls0 = 0.0f, ls1 = 0.0f;
 #pragma unroll
-        for (int k = 0; k < NB; ++k) {  // column block k: tokens 8 k + 2 t, + 1
+        for (int k = 0; k < NB; ++k) {
+            const int jj = KEEP + k;  // the column block: tokens 8 jj + 2t, + 1
             const unsigned p0 = pack_bf16x2_rn(exp2_approx(sv[4 * k] - mn0), exp2_approx(sv[4 * k + 1] - mn0));
             const unsigned p1 = pack_bf16x2_rn(exp2_approx(sv[4 * k + 2] - mn1), exp2_approx(sv[4 * k + 3] - mn1));
-            if (k / 4 == WG) {
-                ls0 += f32_from_bits(p0 << 16) + f32_from_bits(p0 & 0xffff0000u);
-                ls1 += f32_from_bits(p1 << 16) + f32_from_bits(p1 & 0xffff0000u);
-            }
-            pa[4 * (k >> 1) + 2 * (k & 1)] = p0;      // row r0, k-step k / 2, tokens 8 (k % 2) + 2 t ..
-            pa[4 * (k >> 1) + 2 * (k & 1) + 1] = p1;  // row r1
+            ls0 += f32_from_bits(p0 << 16) + f32_from_bits(p0 & 0xffff0000u);
+            ls1 += f32_from_bits(p1 << 16) + f32_from_bits(p1 & 0xffff0000u);
+            st_shared_b32(swizzled_unit(p_base, r0, jj) + 4 * t, p0);
+            st_shared_b32(swizzled_unit(p_base, r1, jj) + 4 * t, p1);
         }
         l_run[0] = l_run[0] * a0 + ls0;
         l_run[1] = l_run[1] * a1 + ls1;
@@ -374,17 +381,20 @@ struct Rows {
                 o[4 * j + 3] *= a1;
             }
         }
+        fence_async_smem();
+        block_sync();  // P whole (both warpgroups' tokens)
     }
 
     // O += P V' over the K' tile: issued and committed, not waited for. One m64n256k16 a
-    // k-step, A = P from registers, B = the warpgroup's 4 chunks of V' dims (CHUNK_BYTES
-    // apart: v_desc's LBO).
-    HIPMLA_DEVICE void pv(unsigned long long v_desc) {
+    // k-step (the warpgroup's 4 chunks of dims, CHUNK_BYTES apart: v_desc's LBO) reads the
+    // P tile once a k-step, not once per chunk.
+    HIPMLA_DEVICE void pv(unsigned long long p_desc, unsigned long long v_desc) {
         pin(o);
         wg_fence();
 #pragma unroll
         for (int ks = 0; ks < TILE / 16; ++ks)
-            wgmma_m64n256k16_ra_tb(o, pa + 4 * ks, v_desc + (unsigned(V_CHUNKS * WG * CHUNK_BYTES + ks * 2048) >> 4));
+            wgmma_m64n256k16_tb(o, p_desc + unsigned(ks * 32 >> 4),
+                                v_desc + (unsigned(V_CHUNKS * WG * CHUNK_BYTES + ks * 2048) >> 4));
         wg_commit();
     }
 };
@@ -396,9 +406,9 @@ HIPMLA_DEVICE void run_tiles(const MlaDecodeParams& p, Smem& sm, const WorkItem&
     const int n_tiles = (n + TILE - 1) / TILE;
     const int ct = tid / PART, cs = tid % PART;  // copy role: token ct, chunks / E8M0 bytes cs + PART c
     const unsigned char* kv = static_cast<const unsigned char*>(p.kv);
-    const unsigned k_base = smem_address(sm.u.t.k);
+    const unsigned k_base = smem_address(sm.u.t.k), p_base = smem_address(sm.p);
     const unsigned long long q_desc = desc_sw128(smem_address(sm.u.t.q), 16, 1024), k_desc = desc_sw128(k_base, 16, 1024);
-    const unsigned long long v_desc = desc_sw128(k_base, 8192, 1024);
+    const unsigned long long p_desc = desc_sw128(p_base, 16, 1024), v_desc = desc_sw128(k_base, 8192, 1024);
 
     // The thread's copy row of `tile` (0 past the item: its copies zero-fill).
     auto row_of = [&](int tile) -> long long {
@@ -490,8 +500,8 @@ HIPMLA_DEVICE void run_tiles(const MlaDecodeParams& p, Smem& sm, const WorkItem&
         wg_commit();
         wg_wait<0>();
         pin(s);
-        st.softmax(s, &sm.x.xs[0][0][0], scale, st.n_row - tile * TILE);
-        st.pv(v_desc);
+        st.softmax(s, &sm.x.xs[0][0][0], sm.mx, p_base, scale, st.n_row - tile * TILE);
+        st.pv(p_desc, v_desc);
         // The stage's E8M0 bytes were read by this tile's dequantization, before its barrier.
         store_scales(tile + STAGES, stage, next);
     }
