@@ -177,7 +177,7 @@ def main(argv: list[str]) -> int:
         for fmt in formats:
             max_b = max(lens.size for lens in shapes.values())
             kv = random_cache(max(int(lens.sum()) for lens in shapes.values()), fmt, rng)
-            for lens in shapes.values():
+            for shape, lens in shapes.items():
                 _, bufs, extra = lens_step(kv, lens, args.page_size, rng, args.heads)
                 first_out = None
                 for name, root, shared, placement in runs:
@@ -193,7 +193,7 @@ def main(argv: list[str]) -> int:
                     results[name].append(statistics.median(timer.time(lambda: dec.run(**bufs, **extra),
                                                                       args.iters, flush=True)))
                     # As it comes (stderr), so a run cut short still leaves its figures.
-                    print(f"  {name} {fmt} {lens.size}x{int(lens.max())}: {results[name][-1]:.1f} us",
+                    print(f"  {name} {fmt} {shape}: {results[name][-1]:.1f} us",
                           file=sys.stderr, flush=True)
                     dec.close()
                     if args.same:
