@@ -23,15 +23,19 @@ from hipmla.validate import format_shape
 
 
 def device_ptr(obj, name: str, *, itemsize: int, shape: tuple | None = None,
-               kinds: str = "uiV", align: int = 4, writable: bool = False) -> tuple[int, tuple | None]:
+               kinds: str = "uiV", align: int = 4, writable: bool = False, float8: tuple[str, ...] = (),
+               device: int | None = None) -> tuple[int, tuple | None]:
     """``(address, shape)`` of a device buffer given as an int, a
     ``__cuda_array_interface__`` object or a DLPack producer (shape None for a raw address).
 
     The address must be ``align``-byte aligned (the kernels load Q and KV rows 16 bytes
     at a time). For an interface object, ``shape`` (``None`` entries match anything),
     the element size and C-contiguity are checked too, and ``writable`` buffers must not
-    be read-only. The extent behind a raw address cannot be checked: it is the caller's
-    promise.
+    be read-only. A DLPack buffer that names a float8 encoding must name one of
+    ``float8`` (e.g. ``"float8_e4m3fn"``: an e5m2 cache read as e4m3 would decode to other
+    values); one that says which device it is on (``__dlpack_device__``) must be on
+    ``device`` when that is given. The extent behind a raw address cannot be checked: it
+    is the caller's promise.
     """
     if isinstance(obj, (int, np.integer)) and not isinstance(obj, bool):
         if obj <= 0:
@@ -54,6 +58,14 @@ def device_ptr(obj, name: str, *, itemsize: int, shape: tuple | None = None,
         want = {"f": "float32" if itemsize == 4 else "float", "i": "int32" if itemsize == 4 else "integer"} \
             .get(kinds, "raw (bf16/fp8/byte) or integer")
         raise TypeError(f"{name}: expected {itemsize}-byte {want} elements, got typestr {typestr!r}")
+    encoding = DLPACK_FLOAT8.get(cai.get("dlpack_dtype"))
+    if encoding is not None and encoding not in float8:
+        want = " or ".join(float8) if float8 else "no float8 encoding (raw bytes as uint8 are taken as they are)"
+        raise TypeError(f"{name}: a DLPack {encoding} buffer; expected {want}")
+    if device is not None:
+        on = cai.get("dlpack_device") or _dlpack_device(obj)
+        if on is not None and int(on[1]) != device:
+            raise ValueError(f"{name}: the buffer is on device {int(on[1])}, this decoder runs on device {device}")
     if shape is not None:
         if len(got_shape) != len(shape) or any(w is not None and w != g for w, g in zip(shape, got_shape)):
             raise ValueError(f"{name}: expected shape {format_shape(shape)}, got {got_shape}")
@@ -84,6 +96,16 @@ def device_ptr(obj, name: str, *, itemsize: int, shape: tuple | None = None,
     if writable and data[1]:
         raise ValueError(f"{name}: the buffer is read-only, and the kernels write it")
     return _aligned(ptr, name, align), got_shape
+
+
+def _dlpack_device(obj) -> tuple | None:
+    """``(device type, device id)`` of an interface object that also speaks DLPack (torch,
+    CuPy), or None: the CUDA Array Interface itself does not say which device."""
+    try:
+        dev = obj.__dlpack_device__()
+        return (int(dev[0]), int(dev[1]))
+    except Exception:  # noqa: BLE001 - no such method, or not one that answers: nothing to compare
+        return None
 
 
 def _aligned(ptr: int, name: str, align: int) -> int:
@@ -159,6 +181,9 @@ _DLPACK_HOST = {1: "kDLCPU", 3: "kDLCUDAHost", 11: "kDLROCMHost"}
 #: DLPack dtype codes as numpy kinds: int, uint, float, bfloat and the float8 codes
 #: (bit patterns, like a uint8 or uint16 view).
 _DLPACK_KINDS = {0: "i", 1: "u", 2: "f", 4: "V", 6: "b", 5: "c"}
+#: DLPack's float8 dtype codes (dlpack.h, DLDataTypeCode) by the encoding's name.
+DLPACK_FLOAT8 = {7: "float8_e3m4", 8: "float8_e4m3", 9: "float8_e4m3b11fnuz", 10: "float8_e4m3fn",
+                 11: "float8_e4m3fnuz", 12: "float8_e5m2", 13: "float8_e5m2fnuz", 14: "float8_e8m0fnu"}
 _DLPACK_READ_ONLY = 1
 # private function objects (indexing makes new ones): argtypes set on the shared
 # ctypes.pythonapi attributes would change them for every other user in the process
@@ -204,7 +229,8 @@ def dlpack_interface(obj, name: str) -> dict:
     data = (t.data or 0) + int(t.byte_offset)
     del capsule  # the producer's destructor runs the deleter, once
     return {"shape": shape, "typestr": f"<{kind}{item}", "data": (data, read_only), "strides": strides,
-            "version": 3, "dlpack_device": (int(t.device.device_type), int(t.device.device_id))}
+            "version": 3, "dlpack_device": (int(t.device.device_type), int(t.device.device_id)),
+            "dlpack_dtype": code}
 
 
 def _check_dlpack_device(dev_type: int, name: str) -> None:
@@ -249,7 +275,7 @@ def _interface_key(obj) -> tuple:
 def _dlpack_key(obj) -> tuple:
     # a pure DLPack producer: its capsule is the only place its fields are
     d = dlpack_interface(obj, "")
-    return (type(obj), d["data"], d["shape"], d["typestr"], d["strides"], d["dlpack_device"])
+    return (type(obj), d["data"], d["shape"], d["typestr"], d["strides"], d["dlpack_device"], d["dlpack_dtype"])
 
 
 def _has_interface(obj) -> bool:

@@ -341,6 +341,7 @@ class Decoder:
         cfg = self.config
         h, fmt = cfg.heads, cfg.kv_format
         p = self._params
+        dev = self.device.index
         if qo_indptr is None:
             if q_tokens is not None:
                 raise ValueError(f"q_tokens: {q_tokens!r} given without qo_indptr (one query token per sequence)")
@@ -348,7 +349,7 @@ class Decoder:
             p.qo_indptr = 0
         else:
             t_q = _batch(q, q_tokens, "q_tokens")
-            p.qo_indptr, qo_shape = device_ptr(qo_indptr, "qo_indptr", itemsize=4, shape=(None,), kinds="i")
+            p.qo_indptr, qo_shape = device_ptr(qo_indptr, "qo_indptr", itemsize=4, shape=(None,), kinds="i", device=dev)
             if batch is not None:
                 b = _batch(q, batch)
                 if qo_shape is not None and qo_shape[0] != b + 1:
@@ -365,16 +366,20 @@ class Decoder:
         if t_q > self._max_q_tokens:
             raise ValueError(f"q: {t_q} query tokens exceed the {self._max_q_tokens} this decoder reserved "
                              f"for; call reserve({self._max_batch}, {t_q}) before the step")
-        p.q = device_ptr(q, "q", itemsize=2, shape=(t_q, h, kernels.D_QK), align=16)[0]
+        p.q = device_ptr(q, "q", itemsize=2, shape=(t_q, h, kernels.D_QK), align=16, device=dev)[0]
         kv_cols = kernels.D_QK // 2 if fmt == "mxfp4" else kernels.D_QK
-        p.kv, kv_shape = device_ptr(kv, "kv", itemsize=2 if fmt == "bf16" else 1, shape=(None, kv_cols), align=16)
-        p.kv_indptr = device_ptr(kv_indptr, "kv_indptr", itemsize=4, shape=(b + 1,), kinds="i")[0]
+        p.kv, kv_shape = device_ptr(kv, "kv", itemsize=2 if fmt == "bf16" else 1, shape=(None, kv_cols), align=16,
+                                    float8=(f"float8_{self.fp8_variant}",) if fmt == "fp8" else (), device=dev)
+        p.kv_indptr = device_ptr(kv_indptr, "kv_indptr", itemsize=4, shape=(b + 1,), kinds="i", device=dev)[0]
         # The kernels store up to 16 bytes of output at a time.
-        p.out = device_ptr(out, "out", itemsize=2, shape=(t_q, h, kernels.D_V), align=16, writable=True)[0]
+        p.out = device_ptr(out, "out", itemsize=2, shape=(t_q, h, kernels.D_V), align=16, writable=True,
+                           device=dev)[0]
         p.lse = 0 if lse is None else device_ptr(lse, "lse", itemsize=4, shape=(t_q, h), kinds="f",
-                                                 writable=True)[0]
+                                                 writable=True, device=dev)[0]
         # The kernels read no row past the cache's and no page-table entry past its end
-        # (0: a raw address, whose extent is the caller's promise).
+        # (0: a raw address, whose extent is the caller's promise; so an empty buffer, which
+        # would read as that, is refused).
+        _not_empty(kv_shape, "kv", "cache rows")
         p.kv_rows = min(kv_shape[0], INT32_MAX) if kv_shape is not None else 0
         p.n_indices = 0
         if kv_indices is None and kv_last_page_len is None:
@@ -388,13 +393,17 @@ class Decoder:
             raise ValueError(f"kv_indices/kv_last_page_len: a page table needs both, {missing} is missing")
         else:
             p.page_shift = check_page_size(page_size).bit_length() - 1
-            p.kv_indices, idx_shape = device_ptr(kv_indices, "kv_indices", itemsize=4, shape=(None,), kinds="i")
+            p.kv_indices, idx_shape = device_ptr(kv_indices, "kv_indices", itemsize=4, shape=(None,), kinds="i",
+                                                 device=dev)
+            _not_empty(idx_shape, "kv_indices", "page ids")
             p.n_indices = min(idx_shape[0], INT32_MAX) if idx_shape is not None else 0
             p.kv_last_page_len = device_ptr(kv_last_page_len, "kv_last_page_len", itemsize=4,
-                                            shape=(b,), kinds="i")[0]
+                                            shape=(b,), kinds="i", device=dev)[0]
         if fmt == "mxfp4":
             stride = _scale_stride(kv_scale, kv_scale_stride)
-            p.kv_scale, scale_shape = device_ptr(kv_scale, "kv_scale", itemsize=1, shape=(None, stride), align=1)
+            p.kv_scale, scale_shape = device_ptr(kv_scale, "kv_scale", itemsize=1, shape=(None, stride), align=1,
+                                                 float8=("float8_e8m0fnu",), device=dev)
+            _not_empty(scale_shape, "kv_scale", "scale rows")
             if kv_shape is not None and scale_shape is not None and scale_shape[0] < kv_shape[0]:
                 raise ValueError(f"kv_scale: expected a scale row for each of the {kv_shape[0]} cache rows, "
                                  f"got {scale_shape[0]}")
@@ -411,6 +420,11 @@ class Decoder:
                 if fp8_scale is None:
                     raise ValueError("fp8_scale: the fp8 format needs its per-tensor scale")
                 p.kv_fp8_scale = _f32(check_positive_finite(fp8_scale, "fp8_scale"), "fp8_scale")
+                # The kernels scale the scores by this product, in f32.
+                with np.errstate(over="ignore", under="ignore"):
+                    product = np.float32(p.sm_scale_log2) * np.float32(p.kv_fp8_scale)
+                _f32(float(product),
+                     f"fp8_scale: {fp8_scale!r} times the decoder's sm_scale * log2(e) ({p.sm_scale_log2!r})")
             else:
                 p.kv_fp8_scale = 1.0
         p.batch = b
@@ -444,6 +458,7 @@ class Decoder:
         ``layout`` is a :class:`hipmla.paging.KvLayout` or a host ``kv_indptr``; ``qo_indptr``
         a host array as :meth:`run` takes it on the device (checked here, causal rule too)."""
         layout = as_layout(layout)
+        layout.check()  # again: its arrays may have changed since it was made
         if qo_indptr is None:
             check_q(q, batch=layout.batch)
         else:
@@ -479,7 +494,9 @@ class Decoder:
             self.run(*bufs[:3], out, kv_scale=scale, lse=lse,
                      fp8_scale=kv.fp8_scale if kv.format == "fp8" else None, **paged)
             runtime.synchronize()
-            return out.to_host().view(ml_dtypes.bfloat16), lse.to_host()
+            result = out.to_host().view(ml_dtypes.bfloat16), lse.to_host()
+            self.check_errors()  # what the device found wrong, this step (or an unchecked earlier one)
+            return result
         finally:
             self._last_key = None
             self._launch = None
@@ -511,6 +528,12 @@ class Decoder:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _not_empty(shape: tuple | None, name: str, what: str) -> None:
+    if shape is not None and shape[0] == 0:
+        raise ValueError(f"{name}: expected at least one of its {what}, got shape {shape} (an empty "
+                         f"buffer has no address the kernels could be bounded by)")
 
 
 def _f32(value: float, name: str) -> float:

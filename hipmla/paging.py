@@ -43,6 +43,12 @@ class KvLayout:
     page_size: int = 1
 
     def __post_init__(self):
+        self.check()
+
+    def check(self) -> None:
+        """Raise ValueError unless the arrays describe a valid layout. Run when the layout is
+        made and again by each :meth:`hipmla.decode.Decoder.decode`: the arrays are the
+        caller's, and a serving loop may edit them in place between steps."""
         indptr = check_indptr(self.kv_indptr, "kv_indptr")
         if int(indptr[-1]) > INT32_MAX:  # the kernels' offsets are int32
             raise ValueError(f"kv_indptr: last entry {int(indptr[-1])} exceeds the int32 range ({INT32_MAX})")
@@ -52,6 +58,9 @@ class KvLayout:
             raise ValueError(f"{missing}: a page table needs both kv_indices and kv_last_page_len "
                              f"(or neither: contiguous rows), {missing} is missing")
         if self.kv_indices is None:
+            if self.page_size != 1:
+                raise ValueError(f"page_size: {self.page_size!r} given without a page table "
+                                 f"(kv_indices, kv_last_page_len): contiguous rows have no pages")
             return
         b = indptr.shape[0] - 1
         idx = check_array(self.kv_indices, "kv_indices", dtype=(np.int32, np.int64), ndim=1, contiguous=False)
@@ -73,6 +82,11 @@ class KvLayout:
             s = int(np.flatnonzero(bad)[0])
             raise ValueError(f"kv_last_page_len: expected 1..{self.page_size} for a sequence with pages, "
                              f"kv_last_page_len[{s}] = {int(last[s])}")
+        tokens = np.where(pages > 0, (pages - 1) * self.page_size + last.astype(np.int64), 0)
+        if tokens.size and int(tokens.max()) > INT32_MAX:  # the kernels count a sequence's tokens in int32
+            s = int(np.argmax(tokens))
+            raise ValueError(f"kv_indptr: sequence {s} has {int(tokens[s])} tokens ({int(pages[s])} pages of "
+                             f"{self.page_size}), past the int32 range ({INT32_MAX})")
 
     @classmethod
     def contiguous(cls, seq_lens) -> KvLayout:

@@ -463,8 +463,9 @@ def test_page_size_becomes_a_shift(monkeypatch, page_size):
      "^kv_last_page_len:"),
     (lambda: paged(kv_last_page_len=FakeCAI((2,), "<f4", ADDR["kv_last_page_len"])), TypeError,
      "^kv_last_page_len:"),
+    (lambda: paged(kv_indices=FakeCAI((0,), "<i4", 0)), ValueError, "^kv_indices: expected at least one"),
 ], ids=["3", "256", "0", "-16", "True", "16.0", "no-table", "no-last", "no-indices", "indices-i8",
-        "indices-u4", "indices-2d", "indices-host", "last-shape", "last-2d", "last-f4"])
+        "indices-u4", "indices-2d", "indices-host", "last-shape", "last-2d", "last-f4", "indices-empty"])
 def test_bad_page_tables_raise_before_any_launch(monkeypatch, call, exc, words):
     gpu, dec = make(monkeypatch)
     with pytest.raises(exc, match=words):
@@ -683,7 +684,13 @@ BAD_RUNS = [
     ("mxfp4", lambda: args(kv_scale=FakeCAI((400 * 24,), "|u1", ADDR["kv_scale"])), ValueError, "kv_scale"),
     ("mxfp4", lambda: args(kv_scale=FakeCAI((399, 24), "|u1", ADDR["kv_scale"])), ValueError, "kv_scale"),
     ("mxfp4", lambda: args(kv_scale=FakeCAI((400, 24), "<u2", ADDR["kv_scale"])), TypeError, "kv_scale"),
+    # empty buffers: a zero extent is what the kernels read as "unbounded, the caller's promise"
+    ("mxfp4", lambda: args(kv=FakeCAI((0, 288), "|u1", 0), kv_scale=FakeCAI((0, 24), "|u1", 0)), ValueError, "kv"),
+    ("mxfp4", lambda: args(kv=ADDR["kv"], kv_scale=FakeCAI((0, 24), "|u1", 0)), ValueError, "kv_scale"),
+    ("fp8", lambda: args(kv_format="fp8", kv=FakeCAI((0, D_QK), "|u1", 0)), ValueError, "kv"),
     ("fp8", lambda: args(kv_format="fp8", fp8_scale=None), ValueError, "fp8_scale"),
+    # fine alone, but the scores' f32 factor sm_scale * log2(e) * fp8_scale flushes to zero
+    ("fp8", lambda: args(kv_format="fp8", fp8_scale=1e-37), ValueError, "fp8_scale"),
     ("fp8", lambda: args(kv_format="fp8", fp8_scale=1e39), ValueError, "fp8_scale"),
     ("fp8", lambda: args(kv_format="fp8", fp8_scale=1e-50), ValueError, "fp8_scale"),
     ("fp8", lambda: args(kv_format="fp8", fp8_scale=-0.5), ValueError, "fp8_scale"),
@@ -712,6 +719,14 @@ def test_bad_arguments_raise_before_any_launch(monkeypatch, kv_format, call, exc
     assert gpu.launches == [] and gpu.host_calls() == {}
     dec.run(**args(kv_format=kv_format))  # and the decoder still works
     assert len(gpu.launches) == 1
+
+
+def test_fp8_scale_times_a_large_sm_scale_must_stay_finite(monkeypatch):
+    fake_runtime(monkeypatch, "sm_90")
+    dec = decode.Decoder("fp8", 1e20)
+    dec.run(**args(kv_format="fp8", fp8_scale=1e15))
+    with pytest.raises(ValueError, match=r"^fp8_scale: 1e\+20 times the decoder's sm_scale \* log2\(e\).*: inf is"):
+        dec.run(**args(kv_format="fp8", fp8_scale=1e20))
 
 
 def test_out_must_be_16_byte_aligned(monkeypatch):
@@ -782,8 +797,8 @@ def test_decode_copies_in_runs_once_and_frees_everything(monkeypatch):
     assert out.shape == (3, H, D_V) and lse.shape == (3, H)
     assert len(gpu.launches) == 1 and gpu.launches[0].batch == 3
     assert dec.max_batch == 3  # the numpy path reserves for its batch
-    # q, kv, kv_indptr and the scales in; out and lse back; one wait between
-    assert gpu.calls["copy_htod"] == 4 and gpu.calls["copy_dtoh"] == 2 and gpu.calls["synchronize"] >= 1
+    # q, kv, kv_indptr and the scales in; out, lse and the error word back; one wait between
+    assert gpu.calls["copy_htod"] == 4 and gpu.calls["copy_dtoh"] == 3 and gpu.calls["synchronize"] >= 1
     live = [buf for buf in gpu.buffers if buf.ptr]
     assert live == [dec._scratch], "decode() must free every array it allocated"
     assert dec._launch is None  # nothing cached that points at the freed arrays
@@ -890,6 +905,55 @@ def test_check_errors_names_each_kind_and_clears(monkeypatch):
     assert e.value.bits == 5 and isinstance(e.value, ValueError)
     assert gpu.memsets == [(dec._params.errors, 0, 4)]  # cleared for the next steps
     assert set(decode.DEVICE_ERRORS) == {1, 2, 4, 8, 16, 32}
+
+
+def test_decode_raises_what_the_device_found(monkeypatch):
+    """The numpy path waits for its step anyway: an error the device recorded raises there,
+    not as NaN output and a word a later check_errors() would blame on a later step."""
+    from hipmla import runtime
+    from hipmla.inputs import make_inputs
+
+    gpu, dec = make(monkeypatch, max_batch=2)
+    inputs = make_inputs(np.array([100, 0, 37]), "mxfp4", seed=1)
+    real_read = runtime.copy_dtoh
+
+    def read(host, ptr, stream=None):
+        if ptr == dec._params.errors:
+            host[0] = 8
+        else:
+            real_read(host, ptr, stream)
+
+    monkeypatch.setattr(runtime, "copy_dtoh", read)
+    with pytest.raises(decode.DeviceInputError, match="kv_last_page_len") as e:
+        dec.decode(inputs.q, inputs.kv, inputs.layout)
+    assert e.value.bits == 8
+    assert [buf for buf in gpu.buffers if buf.ptr] == [dec._scratch]  # freed all the same
+
+
+def test_decode_checks_a_layout_edited_after_it_was_made(monkeypatch):
+    """KvLayout's arrays are the caller's: edited in place between steps, decode() checks
+    them again before anything is copied or launched."""
+    from hipmla.inputs import make_inputs, random_cache
+
+    gpu, dec = make(monkeypatch, max_batch=3)
+    rng = np.random.default_rng(0)
+    lens = np.array([40, 3, 17])
+    layout = random_page_table(lens, 16, rng, spare_pages=2)
+    kv = random_cache((int(layout.kv_indices.max()) + 1) * 16, "mxfp4", rng)
+    q = make_inputs(lens, "mxfp4", seed=1).q
+    dec.decode(q, kv, layout)
+    for field, i, value, words in (("kv_last_page_len", 0, 17, "kv_last_page_len"),
+                                   ("kv_last_page_len", 1, 0, "kv_last_page_len"),
+                                   ("kv_indices", 0, -3, "kv_indices: page ids must be >= 0"),
+                                   ("kv_indptr", 1, 99, "kv_indptr")):
+        arr = getattr(layout, field)
+        saved = int(arr[i])
+        arr[i] = value
+        gpu.reset()
+        with pytest.raises(ValueError, match=f"^{words}"):
+            dec.decode(q, kv, layout)
+        assert not gpu.launches and not gpu.calls["copy_htod"], field
+        arr[i] = saved
 
 
 def test_sm90_takes_every_item_with_any_q(monkeypatch):

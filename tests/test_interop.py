@@ -9,7 +9,7 @@ import gc
 
 import numpy as np
 import pytest
-from test_decode import ADDR, D_QK, D_V, H, FakeCAI, args, make
+from test_decode import ADDR, D_QK, D_V, H, FakeCAI, args, fake_runtime, make
 
 from hipmla import buffers, decode
 
@@ -20,7 +20,8 @@ _new.argtypes, _new.restype = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p
 _name_of = ctypes.pythonapi["PyCapsule_GetName"]  # on the raw PyObject* a destructor gets
 _name_of.argtypes, _name_of.restype = [ctypes.c_void_p], ctypes.c_char_p
 
-TYPES = {"<u2": (1, 16), "<i2": (0, 16), "bf16": (4, 16), "|u1": (1, 8), "e4m3": (10, 8), "<i4": (0, 32),
+TYPES = {"<u2": (1, 16), "<i2": (0, 16), "bf16": (4, 16), "|u1": (1, 8), "e4m3": (10, 8), "e4m3fnuz": (11, 8),
+         "e5m2": (12, 8), "e8m0": (14, 8), "<i4": (0, 32),
          "<u4": (1, 32), "<i8": (0, 64), "<f4": (2, 32), "<f2": (2, 16), "|b1": (6, 8)}
 
 
@@ -86,10 +87,52 @@ def test_dlpack_cuda_and_rocm_producers_give_address_and_shape():
     for device in ((2, 0), (10, 1)):  # kDLCUDA, kDLROCM
         p = Producer((4, H, D_QK), device=device)
         assert decode.device_ptr(p, "q", itemsize=2, shape=(4, H, D_QK), align=16) == (0x100000, (4, H, D_QK))
-    # bf16 (code 4) and fp8 (float8 codes) are raw 2- and 1-byte elements, like int16/uint8 views
+    # bf16 (code 4) and fp8 (float8 codes) are raw 2- and 1-byte elements, like int16/uint8 views;
+    # a float8 code must be one the buffer may hold
     assert decode.device_ptr(Producer((2, H, D_QK), "bf16"), "q", itemsize=2)[1] == (2, H, D_QK)
-    assert decode.device_ptr(Producer((8, D_QK), "e4m3"), "kv", itemsize=1)[1] == (8, D_QK)
+    assert decode.device_ptr(Producer((8, D_QK), "e4m3"), "kv", itemsize=1, float8=("float8_e4m3fn",))[1] \
+        == (8, D_QK)
     assert decode.device_ptr(Producer((3,), "<i4"), "kv_indptr", itemsize=4, kinds="i")[1] == (3,)
+
+
+@pytest.mark.parametrize("dtype, allowed", [("e4m3", ()), ("e5m2", ("float8_e4m3fn",)),
+                                            ("e4m3fnuz", ("float8_e4m3fn",)), ("e4m3", ("float8_e4m3fnuz",))])
+def test_dlpack_float8_encodings_must_be_the_expected_one(dtype, allowed):
+    # an e5m2 cache read as e4m3 decodes to other values, silently: the code in the capsule says which
+    with pytest.raises(TypeError, match=r"^kv: a DLPack float8_e\w+ buffer; expected "):
+        decode.device_ptr(Producer((8, D_QK), dtype), "kv", itemsize=1, float8=allowed)
+
+
+def test_run_refuses_another_float8_cache_and_accepts_its_own(monkeypatch):
+    fake_runtime(monkeypatch, "sm_90")
+    dec = decode.Decoder("fp8", 1 / 24)  # NVIDIA: e4m3fn
+    dec.run(**args(kv_format="fp8", kv=Producer((400, D_QK), "e4m3", ADDR["kv"])))
+    for dtype in ("e5m2", "e4m3fnuz"):
+        with pytest.raises(TypeError, match=f"^kv: a DLPack float8_{dtype} buffer; expected float8_e4m3fn"):
+            dec.run(**args(kv_format="fp8", kv=Producer((400, D_QK), dtype, ADDR["kv"])))
+    mx = decode.Decoder("mxfp4", 1 / 24)  # E8M0 scales may come as float8_e8m0fnu, codes as bytes only
+    mx.run(**args(kv_scale=Producer((400, 24), "e8m0", ADDR["kv_scale"])))
+    with pytest.raises(TypeError, match="^kv: a DLPack float8_e4m3fn buffer; expected no float8"):
+        mx.run(**args(kv=Producer((400, D_QK // 2), "e4m3", ADDR["kv"])))
+
+
+def test_buffers_on_another_device_are_refused(monkeypatch):
+    fake_runtime(monkeypatch, "sm_90")
+    dec = decode.Decoder("mxfp4", 1 / 24)  # device 0
+    with pytest.raises(ValueError, match="^q: the buffer is on device 1, this decoder runs on device 0"):
+        dec.run(**args(q=Producer((2, H, D_QK), device=(2, 1), ptr=ADDR["q"])))
+
+    class Tensor(FakeCAI):  # torch and CuPy: the interface has no device, __dlpack_device__ says it
+        def __init__(self, *a, device=0):
+            super().__init__(*a)
+            self.device = device
+
+        def __dlpack_device__(self):
+            return (2, self.device)
+
+    with pytest.raises(ValueError, match="^out: the buffer is on device 3"):
+        dec.run(**args(out=Tensor((2, H, D_V), "<u2", ADDR["out"], device=3)))
+    dec.run(**args(out=Tensor((2, H, D_V), "<u2", ADDR["out"]), q=Producer((2, H, D_QK), ptr=ADDR["q"])))
 
 
 def test_dlpack_byte_offset_and_explicit_contiguous_strides():

@@ -42,10 +42,22 @@ def test_paged_rows_follow_the_page_table():
     (dict(kv_indices=np.array([0], np.int32), kv_last_page_len=np.array([1, 1], np.int32)), "kv_last_page_len"),
     (dict(kv_indices=np.array([0.0]), kv_last_page_len=np.array([1], np.int32)), "kv_indices"),
     (dict(page_size=3), "page_size"),
+    (dict(page_size=16), "page_size: 16 given without a page table"),
 ])
 def test_bad_layouts_name_themselves(kwargs, words):
     with pytest.raises((ValueError, TypeError), match=words):
         KvLayout(np.array([0, 1], np.int32), **kwargs)
+
+
+def test_a_sequence_past_the_int32_token_count_is_refused():
+    # The kernels count a sequence's tokens in int32; every other int32 check passes here.
+    pages = (1 << 24) + 1
+    with pytest.raises(ValueError, match="sequence 0 has 2147483776 tokens"):
+        KvLayout(np.array([0, pages], np.int32), np.zeros(pages, np.int32), np.array([128], np.int32), 128)
+    with pytest.raises(ValueError, match="sequence 0 has 2147483648 tokens"):
+        KvLayout(np.array([0, 1 << 24], np.int32), np.zeros(1 << 24, np.int32), np.array([128], np.int32), 128)
+    lay = KvLayout(np.array([0, 1 << 24], np.int32), np.zeros(1 << 24, np.int32), np.array([127], np.int32), 128)
+    assert lay.seq_lens()[0] == 2**31 - 1
 
 
 @pytest.mark.parametrize("bad", [0, 3, 256, True, 2.0, "16"])
