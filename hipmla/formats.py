@@ -74,8 +74,11 @@ def _as_float_rows(x, name: str) -> np.ndarray:
 
 
 def to_bf16(x) -> np.ndarray:
-    """Round to bf16 (nearest-even); returns an ml_dtypes.bfloat16 array."""
+    """Round to bf16 (nearest-even, once: float64 is not rounded to float32 on the way);
+    returns an ml_dtypes.bfloat16 array."""
     x = np.asarray(x)
+    if x.dtype == np.float64:
+        return x.astype(ml_dtypes.bfloat16)
     return x.astype(np.float32).astype(ml_dtypes.bfloat16)
 
 
@@ -132,15 +135,22 @@ def e2m1_encode(y: np.ndarray, rounding: str = "rne") -> np.ndarray:
     converts and ml_dtypes do.
     """
     check_choice(rounding, "rounding", ROUNDINGS)
-    a = np.abs(np.asarray(y, dtype=np.float32))
-    quantum = np.where(a < 2, np.float32(0.5), np.where(a < 4, np.float32(1), np.float32(2)))
-    steps = a / quantum
-    if rounding == "rne":
-        steps = np.rint(steps)
-    else:  # ties away; compare the fraction, since steps + 0.5 can round up in f32
-        whole = np.floor(steps)
-        steps = whole + (steps - whole >= np.float32(0.5))
-    twice = np.minimum(steps * quantum, np.float32(E2M1_MAX)) * 2  # in {0,1,2,3,4,6,8,12}
+    y = np.asarray(y)
+    # float64 stays float64 (rounded once); the quantum steps are exact in either width.
+    dt = np.float64 if y.dtype == np.float64 else np.float32
+    a = np.abs(y.astype(dt, copy=False))
+    if np.isnan(a).any():
+        idx = tuple(int(i) for i in np.argwhere(np.isnan(a))[0])
+        raise ValueError(f"y: NaN at index {idx}; E2M1 has no NaN code")
+    quantum = np.where(a < 2, dt(0.5), np.where(a < 4, dt(1), dt(2)))
+    with np.errstate(invalid="ignore"):  # inf: inf - inf below; it saturates to 6 all the same
+        steps = a / quantum
+        if rounding == "rne":
+            steps = np.rint(steps)
+        else:  # ties away; compare the fraction, since steps + 0.5 can round up in f32
+            whole = np.floor(steps)
+            steps = whole + (steps - whole >= dt(0.5))
+    twice = np.minimum(steps * quantum, dt(E2M1_MAX)) * 2  # in {0,1,2,3,4,6,8,12}
     code = _E2M1_CODE_OF_TWICE[twice.astype(np.uint8)]
     return code | (np.signbit(y).astype(np.uint8) << 3)
 
@@ -187,7 +197,9 @@ def mxfp4_quantize(
     """Quantize rows of ``x`` (rows, n), n a multiple of 32, to MXFP4.
 
     ``scale_stride`` defaults to n/32 (18 for 576); pass ``default_scale_stride(n)`` (24)
-    for the padded layout. NaN/Inf input raises ValueError.
+    for the padded layout. NaN/Inf input raises ValueError. float64 input is rounded to
+    E2M1 once; its block amax enters the scale rule (defined on float32 bits) truncated
+    to float32, so the rule sees the binade and threshold of the true value.
     """
     x = _as_float_rows(x, "x")
     check_choice(rule, "rule", SCALE_RULES)
@@ -201,13 +213,18 @@ def mxfp4_quantize(
         raise ValueError(f"scale_stride: must be >= n/32 = {nb}, got {scale_stride}")
     data = np.empty((rows, n // 2), dtype=np.uint8)
     scales = np.zeros((rows, stride), dtype=np.uint8)
+    wide = x.dtype == np.float64
     for sl in _row_chunks(rows, n):
-        xc = x[sl].astype(np.float32)
+        xc = x[sl] if wide else x[sl].astype(np.float32)
         check_finite(xc, "x")
         blocks = xc.reshape(-1, nb, MX_BLOCK)
-        e = mx_scale_exponent(np.abs(blocks).max(axis=2), rule, emax=2)
+        amax = np.abs(blocks).max(axis=2)
+        if wide:
+            a32 = amax.astype(np.float32)
+            amax = np.where(a32.astype(np.float64) > amax, np.nextafter(a32, np.float32(0)), a32)
+        e = mx_scale_exponent(amax, rule, emax=2)
         # Scaling by 2^-e is exact in f32: e <= 126 for finite input, so 2^-e is normal.
-        y = blocks * np.ldexp(np.float32(1), -e)[..., None]
+        y = blocks * np.ldexp(blocks.dtype.type(1), -e)[..., None]
         codes = e2m1_encode(y, rounding).reshape(-1, n)
         data[sl] = codes[:, 0::2] | (codes[:, 1::2] << 4)
         scales[sl, :nb] = (e + 127).astype(np.uint8)
@@ -215,7 +232,9 @@ def mxfp4_quantize(
 
 
 def mxfp4_dequantize(data: np.ndarray, scales: np.ndarray, n: int | None = None) -> np.ndarray:
-    """Exact f32 values (rows, n) of packed MXFP4 rows."""
+    """Exact f32 values (rows, n) of packed MXFP4 rows. E8M0 255 gives NaN; the scales no
+    quantizer here writes, 253 and 254, give inf for codes whose value passes float32's
+    largest (6 x 2^127 does), as the kernels' float32 arithmetic would."""
     check_array(data, "data", dtype=np.uint8, ndim=2, contiguous=False)
     rows = data.shape[0]
     n = data.shape[1] * 2 if n is None else int(n)
@@ -232,7 +251,8 @@ def mxfp4_dequantize(data: np.ndarray, scales: np.ndarray, n: int | None = None)
         vals[:, 0::2] = E2M1_TABLE[d & 0xF]
         vals[:, 1::2] = E2M1_TABLE[d >> 4]
         s = e8m0_to_f32(scales[sl, :nb])
-        out[sl] = (vals.reshape(-1, nb, MX_BLOCK) * s[..., None]).reshape(-1, n)
+        with np.errstate(over="ignore"):  # past float32: inf, as documented
+            out[sl] = (vals.reshape(-1, nb, MX_BLOCK) * s[..., None]).reshape(-1, n)
     return out
 
 
@@ -275,10 +295,13 @@ class FP8Tensor:
 
 
 def fp8_round(y, variant: str = "e4m3fn") -> np.ndarray:
-    """Round already-scaled values to e4m3 (nearest-even, saturating); returns bit patterns."""
+    """Round already-scaled values to e4m3 (nearest-even, saturating, once: float64 is not
+    rounded to float32 on the way); returns bit patterns."""
     check_choice(variant, "variant", FP8_VARIANTS)
     m = FP8_MAX[variant]
-    return np.clip(np.asarray(y, dtype=np.float32), -m, m).astype(_FP8_DTYPE[variant]).view(np.uint8)
+    y = np.asarray(y)
+    y = y if y.dtype == np.float64 else y.astype(np.float32)
+    return np.clip(y, -m, m).astype(_FP8_DTYPE[variant]).view(np.uint8)
 
 
 def fp8_to_f32(bits: np.ndarray, variant: str = "e4m3fn") -> np.ndarray:
@@ -295,7 +318,7 @@ def fp8_quantize(x, variant: str = "e4m3fn", scale: float | None = None) -> FP8T
     else:
         amax = 0.0
         for sl in _row_chunks(*x.shape):
-            xc = x[sl].astype(np.float32)
+            xc = x[sl] if x.dtype == np.float64 else x[sl].astype(np.float32)
             check_finite(xc, "x")
             amax = max(amax, float(np.abs(xc).max(initial=0.0)))
         scale = amax / FP8_MAX[variant] if amax > 0 else 1.0
@@ -306,15 +329,16 @@ def fp8_quantize(x, variant: str = "e4m3fn", scale: float | None = None) -> FP8T
     scale = np.float32(scale)
     data = np.empty(x.shape, dtype=np.uint8)
     for sl in _row_chunks(*x.shape):
-        xc = x[sl].astype(np.float32)
+        xc = x[sl] if x.dtype == np.float64 else x[sl].astype(np.float32)
         check_finite(xc, "x")
-        data[sl] = fp8_round(xc / scale, variant)
+        with np.errstate(over="ignore"):  # a quotient past the format saturates (fp8_round)
+            data[sl] = fp8_round(xc / (np.float64(scale) if xc.dtype == np.float64 else scale), variant)
     return FP8Tensor(data=data, scale=scale, variant=variant)
 
 
 def fp8_dequantize(data: np.ndarray, scale, variant: str = "e4m3fn") -> np.ndarray:
     check_array(data, "data", dtype=np.uint8, contiguous=False)
-    return fp8_to_f32(data, variant) * np.float32(scale)
+    return fp8_to_f32(data, variant) * _f32_scale(scale, "scale")
 
 
 def _f32_scale(value, name: str) -> np.float32:
@@ -345,6 +369,39 @@ class KVCache:
     fp8_variant: str = "e4m3fn"
     dim: int = 576
 
+    def __post_init__(self):
+        # Typed arrays of the format's own encoding are taken as their bit patterns (a
+        # value cast would turn a bf16 0.35 into the code 0).
+        check_choice(self.format, "format", KV_FORMATS)
+        check_choice(self.fp8_variant, "fp8_variant", FP8_VARIANTS)
+        dim = check_int(self.dim, "dim", 1)
+        own = {"bf16": (np.uint16, ml_dtypes.bfloat16), "fp8": (np.uint8, _FP8_DTYPE[self.fp8_variant]),
+               "mxfp4": (np.uint8,)}[self.format]
+        data = self.data
+        if isinstance(data, np.ndarray) and data.dtype in own[1:]:
+            data = data.view(own[0])
+            object.__setattr__(self, "data", data)
+        check_array(data, "data", dtype=own[0], ndim=2, contiguous=False)
+        cols = dim // 2 if self.format == "mxfp4" else dim
+        if data.shape[1] != cols or self.format == "mxfp4" and dim % MX_BLOCK:
+            raise ValueError(f"data: a {self.format} cache of {dim}-value rows is (rows, {cols}), got {data.shape}"
+                             + (f" (dim must be a multiple of {MX_BLOCK})" if self.format == "mxfp4" else ""))
+        if self.format == "fp8":
+            _f32_scale(self.fp8_scale, "fp8_scale")
+        if self.format != "mxfp4":
+            if self.scales is not None:
+                raise ValueError(f"scales: only an mxfp4 cache has block scales, this one is {self.format}")
+            return
+        scales = self.scales
+        if scales is None:
+            raise ValueError(f"scales: an mxfp4 cache needs its E8M0 scales, uint8 (rows, >= {dim // MX_BLOCK})")
+        if isinstance(scales, np.ndarray) and scales.dtype == ml_dtypes.float8_e8m0fnu:
+            scales = scales.view(np.uint8)
+            object.__setattr__(self, "scales", scales)
+        check_array(scales, "scales", dtype=np.uint8, ndim=2, contiguous=False)
+        if scales.shape[0] != data.shape[0] or scales.shape[1] < dim // MX_BLOCK:
+            raise ValueError(f"scales: expected shape ({data.shape[0]}, >= {dim // MX_BLOCK}), got {scales.shape}")
+
     @property
     def rows(self) -> int:
         return int(self.data.shape[0])
@@ -374,18 +431,31 @@ def quantize_kv(
     fp8_variant: str = "e4m3fn",
     fp8_scale: float | None = None,
 ) -> KVCache:
-    """Encode a float KV cache (rows, dim) into ``format``."""
+    """Encode a float KV cache (rows, dim) into ``format``. ``rule``, ``rounding`` and
+    ``scale_stride`` are mxfp4's, ``fp8_variant`` and ``fp8_scale`` fp8's; every one given
+    is checked, the other formats ignore them."""
     check_choice(format, "format", KV_FORMATS)
     check_choice(fp8_variant, "fp8_variant", FP8_VARIANTS)
+    check_choice(rule, "rule", SCALE_RULES)
+    check_choice(rounding, "rounding", ROUNDINGS)
+    # Checked whatever the format (callers pass one set of options for all three; each
+    # format reads its own), so a bad value fails here, not when the format changes.
     if fp8_scale is not None:
         _f32_scale(fp8_scale, "fp8_scale")
+    if scale_stride is not None:
+        check_int(scale_stride, "scale_stride", 1, (1 << 31) - 1)
     x = _as_float_rows(x, "x")
     if format == "bf16":
         data = np.empty(x.shape, dtype=np.uint16)
         for sl in _row_chunks(*x.shape):
             xc = x[sl]
             check_finite(xc, "x")
-            data[sl] = bf16_bits(xc)
+            data[sl] = bits = bf16_bits(xc)
+            past = (bits & 0x7FFF) == 0x7F80
+            if past.any():
+                idx = tuple(int(i) for i in np.argwhere(past)[0])
+                raise ValueError(f"x: {float(xc[idx]):.6g} at index ({idx[0] + sl.start}, {idx[1]}) rounds to "
+                                 f"inf in bf16 (largest finite {float(ml_dtypes.finfo(ml_dtypes.bfloat16).max):.6g})")
         return KVCache("bf16", data, dim=x.shape[1])
     if format == "fp8":
         t = fp8_quantize(x, fp8_variant, fp8_scale)

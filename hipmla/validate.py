@@ -52,12 +52,21 @@ def check_array(
 
 
 def check_finite(arr: np.ndarray, name: str) -> None:
-    """Quantizers reject NaN and Inf: no block scale can represent them faithfully."""
+    """Quantizers reject NaN and Inf (no block scale can represent them faithfully) and, in
+    wider input than float32, finite values beyond float32's range: the caches decode to
+    float32, as the kernels compute."""
     if arr.dtype.kind == "f" or arr.dtype.name in ("bfloat16",):
-        finite = np.isfinite(arr.astype(np.float32, copy=False))
+        wide = arr.dtype.kind == "f" and arr.dtype.itemsize > 4
+        finite = np.isfinite(arr if wide else arr.astype(np.float32, copy=False))
         if not finite.all():
             idx = tuple(int(i) for i in np.argwhere(~finite)[0])
             raise ValueError(f"{name}: NaN or Inf at index {idx}; quantizers need finite input")
+        if wide:
+            big = np.abs(arr) > float(np.finfo(np.float32).max)
+            if big.any():
+                idx = tuple(int(i) for i in np.argwhere(big)[0])
+                raise ValueError(f"{name}: {float(arr[idx]):.6g} at index {idx} is beyond float32's range "
+                                 f"(+-{float(np.finfo(np.float32).max):.6g}); the caches decode to float32")
 
 
 def check_indptr(kv_indptr, name: str = "kv_indptr", total_rows: int | None = None) -> np.ndarray:

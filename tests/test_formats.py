@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import struct
+import warnings
 
 import ml_dtypes
 import numpy as np
@@ -449,3 +450,102 @@ def test_legacy_rounding_just_below_a_tie_rounds_down():
     below = np.nextafter(np.float32([0.25, 1.25, 2.5, 5.0]), np.float32(0))
     got = F.e2m1_decode(F.e2m1_encode(below, "legacy_ties_away"))
     assert got.tolist() == [0.0, 1.0, 2.0, 4.0]
+
+
+# ----------------------------------------------------------------------------- float64 input, range, KVCache
+
+
+def test_float64_input_is_rounded_once_as_ml_dtypes_does():
+    # f64 -> f32 -> format would round twice: each value sits just past a tie of the format
+    # and exactly on it once rounded to f32.
+    eps = 2.0 ** -30
+    bf = F.quantize_kv(np.full((1, 32), 1 + 2 ** -8 + eps), "bf16")
+    assert F.bf16_from_bits(bf.data)[0, 0] == np.float64(1 + 2 ** -8 + eps).astype(ml_dtypes.bfloat16) == 1.0078125
+    f8 = F.quantize_kv(np.full((1, 32), 1 + 2 ** -4 + eps), "fp8", fp8_scale=1.0)
+    assert f8.dequantize()[0, 0] == np.float64(1 + 2 ** -4 + eps).astype(ml_dtypes.float8_e4m3fn) == 1.125
+    x = np.zeros((1, 32))
+    x[0, :2] = [4.0, 0.25 * (1 + eps)]  # scale 2^0: 0.25 + a hair is nearer 0.5 than 0
+    assert F.mxfp4_quantize(x).dequantize()[0, :2].tolist() == [4.0, 0.5]
+    assert F.e2m1_decode(F.e2m1_encode(np.array([0.25 * (1 + eps), 0.25]))).tolist() == [0.5, 0.0]
+
+
+def test_float64_block_amax_enters_the_scale_rule_truncated():
+    # 8 - a hair is in the binade [4, 8): the floor rule's scale is 2^0 (it saturates to 6),
+    # not the 2^1 that rounding the amax to f32 (8.0) would give.
+    x = np.zeros((1, 32))
+    x[0, 0] = 8 * (1 - 2.0 ** -40)
+    assert F.mxfp4_quantize(x, rule="floor").scales[0, 0] == 127
+    # The even rule rounds an amax of 1.75 up to the next binade (scale 2^-1), one a hair
+    # below it not (2^-2), as in f32 input just below 1.75.
+    x[0, 0] = 1.75
+    assert F.mxfp4_quantize(x, rule="even").scales[0, 0] == 126
+    x[0, 0] = 1.75 * (1 - 2.0 ** -40)
+    assert F.mxfp4_quantize(x, rule="even").scales[0, 0] == 125
+    assert F.mxfp4_quantize(np.nextafter(np.float32(x), 0), rule="even").scales[0, 0] == 125
+
+
+def test_finite_float64_beyond_float32_gets_its_own_message():
+    x = np.zeros((2, 32))
+    x[1, 3] = 1e39
+    for fn in (lambda: F.quantize_kv(x, "bf16"), lambda: F.quantize_kv(x, "fp8", fp8_scale=1e36),
+               lambda: F.mxfp4_quantize(x)):
+        with pytest.raises(ValueError, match=r"^x: 1e\+39 at index \(1, 3\) is beyond float32's range"):
+            fn()
+
+
+def test_bf16_quantizer_refuses_a_value_that_rounds_to_inf():
+    x = np.zeros((3, 32), np.float32)
+    x[2, 7] = 3.4e38  # finite in f32, past bf16's largest finite + half an ulp
+    with pytest.raises(ValueError, match=r"^x: 3\.4e\+38 at index \(2, 7\) rounds to inf in bf16"):
+        F.quantize_kv(x, "bf16")
+    x[2, 7] = float(ml_dtypes.finfo(ml_dtypes.bfloat16).max)
+    assert np.isfinite(F.quantize_kv(x, "bf16").dequantize()).all()
+
+
+def test_e2m1_encode_refuses_nan_and_saturates_inf():
+    with pytest.raises(ValueError, match=r"^y: NaN at index \(1,\)"):
+        F.e2m1_encode(np.float32([1.0, np.nan]))
+    assert F.e2m1_decode(F.e2m1_encode(np.float32([np.inf, -np.inf]))).tolist() == [6.0, -6.0]
+
+
+def test_scales_253_and_254_decode_past_float32_to_inf_without_warnings():
+    data = np.full((1, 16), 0x77, np.uint8)  # code 7 (6.0) in both nibbles
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        out = F.mxfp4_dequantize(data, np.full((1, 1), 254, np.uint8))
+        assert np.isinf(out).all()
+        assert (F.mxfp4_dequantize(data & 0x11, np.full((1, 1), 254, np.uint8)) == 2.0 ** 126).all()
+
+
+def test_kvcache_takes_typed_arrays_as_their_bits_and_refuses_the_rest():
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((4, 576)).astype(np.float32)
+    bf = F.quantize_kv(x, "bf16")
+    typed = F.KVCache("bf16", bf.data.view(ml_dtypes.bfloat16))
+    assert typed.data.dtype == np.uint16 and np.array_equal(typed.dequantize(), bf.dequantize())
+    f8 = F.quantize_kv(x, "fp8")
+    typed = F.KVCache("fp8", f8.data.view(ml_dtypes.float8_e4m3fn), fp8_scale=f8.fp8_scale)
+    assert np.array_equal(typed.dequantize(), f8.dequantize())
+    with pytest.raises(TypeError, match=r"^data: expected dtype uint8, got float8_e4m3fnuz"):
+        F.KVCache("fp8", f8.data.view(ml_dtypes.float8_e4m3fnuz), fp8_scale=f8.fp8_scale)
+    mx = F.quantize_kv(x, "mxfp4")
+    typed = F.KVCache("mxfp4", mx.data, scales=mx.scales.view(ml_dtypes.float8_e8m0fnu))
+    assert typed.scales.dtype == np.uint8 and np.array_equal(typed.dequantize(), mx.dequantize())
+    for bad in (0.0, -1.0, np.nan, np.inf, 1e-45):
+        with pytest.raises(ValueError, match="^fp8_scale: "):
+            F.KVCache("fp8", f8.data, fp8_scale=bad)
+    with pytest.raises(ValueError, match="^scales: only an mxfp4 cache"):
+        F.KVCache("bf16", bf.data, scales=mx.scales)
+    with pytest.raises(ValueError, match=r"^format: "):
+        F.KVCache("FP8", f8.data)
+    with pytest.raises(ValueError, match=r"^scale: "):
+        F.fp8_dequantize(f8.data, -1.0)
+
+
+def test_quantize_kv_checks_every_option_given():
+    x = np.zeros((1, 576), np.float32)
+    for kw, name in ((dict(rule="bogus"), "rule"), (dict(rounding="x"), "rounding"),
+                     (dict(scale_stride=-5), "scale_stride"), (dict(fp8_scale=0.0), "fp8_scale")):
+        for fmt in F.KV_FORMATS:
+            with pytest.raises(ValueError, match=f"^{name}: "):
+                F.quantize_kv(x, fmt, **kw)
