@@ -249,23 +249,26 @@ def fit_chunk(chunk: int, k: int, align: int) -> int:
     return min(-(-c // align) * align, INT32_MAX)
 
 
-def split_ranges(lens: np.ndarray, rows: np.ndarray,
-                 policy: SplitPolicy) -> tuple[int, np.ndarray, np.ndarray, bool, int]:
+def split_ranges(lens: np.ndarray, rows: np.ndarray, policy: SplitPolicy,
+                 step_rows: int) -> tuple[int, np.ndarray, np.ndarray, bool, int]:
     """The split of sequences of ``lens`` kv tokens and ``rows`` rows each: (chunk, base,
     extra) as ``_ranges``, whether it is the lone split -- it is where the policy has one,
     the usual chunk is below ``lone_below_tokens`` and the lone split gives at most
-    ``lone_items`` items -- and the fit's chunk taken (1, 2; 0: none; see FIT_EIGHTHS)."""
+    ``lone_items`` items -- and the fit's chunk taken (1, 2; 0: none; see FIT_EIGHTHS).
+    ``step_rows`` is the device's bound on the rows (query tokens x head groups, paged.h's
+    step_rows: no division by row_tokens), which decides whether the lone split and the
+    fit are tried at all."""
     total = int((lens * rows).sum())
     chunk = split_chunk(total, policy)
     if policy.lone_items and chunk < policy.lone_below_tokens \
-            and int(rows.sum()) + max(policy.target_items, policy.lone_items) < LONE_MAX_ROWS:
+            and step_rows + max(policy.target_items, policy.lone_items) < LONE_MAX_ROWS:
         lone = split_chunk(total, policy, policy.lone_items)
         base, extra = _ranges(lens, lone, policy.lone_max_ranges, policy)
         if int(((base + extra) * rows).sum()) <= policy.lone_items:
             return lone, base, extra, True, 0
     base, extra = _ranges(lens, chunk, policy.max_ranges, policy)
     if policy.fit and int(((base + extra) * rows).sum()) > policy.target_items \
-            and int(rows.sum()) + max(policy.target_items, policy.lone_items) < FIT_MAX_ROWS:
+            and step_rows + max(policy.target_items, policy.lone_items) < FIT_MAX_ROWS:
         for k in range(len(FIT_EIGHTHS)):
             c = fit_chunk(chunk, k, policy.align_tokens)
             b, e = _ranges(lens, c, policy.max_ranges, policy)
@@ -315,7 +318,7 @@ def schedule(seq_lens, policy: SplitPolicy, q_lens=None, head_groups: int = 1, r
             raise ValueError(f"q_lens: expected one count per sequence ({lens.shape[0]}), got shape {nq.shape}")
     align, fast = policy.align_tokens, policy.fast_tile
     rows = -(-nq // rt) * groups
-    chunk, base, extra, lone, fit = split_ranges(lens, rows, policy)
+    chunk, base, extra, lone, fit = split_ranges(lens, rows, policy, int(nq.sum()) * groups)
     units = -(-lens // align)
     n = base + extra
     count = n * rows

@@ -441,6 +441,25 @@ def test_device_schedule_of_several_query_tokens_a_row_equals_the_host_model(dum
     assert s.size <= policy.max_items(int(qo[-1]))
 
 
+def test_lone_and_fit_bounds_count_query_tokens_not_rows():
+    # core/schedule.h tries the fit only while step_rows (core/paged.h: query tokens x head
+    # groups, not divided by row_tokens) + the target stays below FIT_MAX_ROWS; the model
+    # must decide the same. 4096 sequences x 8 query tokens in rows of 4: 8192 rows, 32768
+    # step rows. (Too many blocks for the CPU harness of the device code: the rule alone.)
+    from hipmla.schedule import FIT_MAX_ROWS
+
+    policy = SplitPolicy.for_device(9000, items_per_cu=1, fit=True)
+    lens, q_lens = np.full(4096, 2000), np.full(4096, 8)
+    assert 8192 + policy.target_items < FIT_MAX_ROWS <= 32768 + policy.target_items
+    s = schedule(lens, policy, q_lens=q_lens, row_tokens=4)
+    assert s.fit == 0
+    usual = schedule(lens, dataclasses.replace(policy, fit=False), q_lens=q_lens, row_tokens=4)
+    assert s.size == usual.size > policy.target_items  # what the fit would have cut
+    # 2000 such sequences: 16000 step rows, within the bound, so the fit is tried and taken.
+    fitted = schedule(lens[:2000], policy, q_lens=q_lens[:2000], row_tokens=4)
+    assert fitted.fit > 0 and fitted.size <= policy.target_items
+
+
 def test_schedule_rows_of_several_query_tokens_take_one_head_group():
     with pytest.raises(ValueError, match="row_tokens: several query tokens a row need head_groups 1, got 2"):
         schedule([9], SplitPolicy.for_device(4), q_lens=[2], head_groups=2, row_tokens=2)
