@@ -262,7 +262,14 @@ class Decoder:
         placement_words = kernels.placement_words(sms) if sms else 0
         if placement_words:
             words = placement_at + placement_words
-        grown = runtime.alloc(acc_bytes + ml_bytes + words * 4)
+        need = acc_bytes + ml_bytes + words * 4
+        # Also what keeps the kernels' int slot arithmetic ((slot * 16 + h) * 2) in range:
+        # 2^26 slots would be 512 GiB.
+        if need > self.device.total_mem:
+            raise ValueError(f"max_batch/max_q_tokens: steps of {max_batch} sequences and {max_q_tokens} query "
+                             f"tokens need {need / 2**30:.1f} GiB of split scratch; the device has "
+                             f"{self.device.total_mem / 2**30:.1f} GiB")
+        grown = runtime.alloc(need)
         try:
             # A row's last block resets its merge counters, a launch's last claim the
             # placement words; they start at zero once, and so does the error word

@@ -602,6 +602,17 @@ def test_max_batch_must_be_a_positive_integer(monkeypatch, bad):
     assert gpu.host_calls() == {} and dec.max_batch == 2
 
 
+def test_a_scratch_larger_than_the_device_is_refused_before_allocating(monkeypatch):
+    gpu = fake_runtime(monkeypatch, "sm_90")  # 16 GiB
+    dec = decode.Decoder("mxfp4", 1 / 24, heads=128, max_batch=2)
+    gpu.reset()
+    with pytest.raises(ValueError, match=r"^max_batch/max_q_tokens: .* GiB of split scratch; the device has 16\.0 GiB"):
+        dec.reserve(2**24)
+    assert gpu.host_calls() == {} and dec.max_batch == 2
+    dec.reserve(4096, 4 * 4096)  # a large serving step still fits
+    assert dec.max_batch == 4096
+
+
 def test_failed_scratch_growth_keeps_the_old_scratch(monkeypatch):
     from hipmla import runtime
 
@@ -615,7 +626,7 @@ def test_failed_scratch_growth_keeps_the_old_scratch(monkeypatch):
     monkeypatch.setattr(runtime, "alloc", out_of_memory)
     gpu.reset()
     with pytest.raises(MemoryError):
-        dec.reserve(1 << 20)
+        dec.reserve(1 << 12)
     assert gpu.host_calls() == {}  # nothing freed, nothing zeroed
     assert dec._scratch is before and before.ptr and dec.max_batch == 4
     dec.run(**args(4))  # the cached step
