@@ -13,6 +13,7 @@ import numpy as np
 from hipmla import __version__
 from hipmla.formats import KV_FORMATS
 from hipmla.inputs import benchmark_shapes, make_sampled_inputs
+from hipmla.queries import MAX_Q_LEN
 from hipmla.reference import mla_decode_reference
 
 #: Loose tolerance against exact attention, per Q precision: |out - ref| <= tol * (1 + mag),
@@ -116,19 +117,21 @@ def end_status() -> None:
 # ----------------------------------------------------------------------------- argument types
 
 
-def int_at_least(low: int):
-    """argparse type: an integer >= ``low`` (argparse names the option in its error)."""
+def int_at_least(low: int, high: int | None = None):
+    """argparse type: an integer >= ``low`` (and <= ``high``; argparse names the option in
+    its error)."""
+    want = f"an integer >= {low}" if high is None else f"an integer in [{low}, {high}]"
 
     def parse(text: str) -> int:
         try:
             value = int(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"expected an integer >= {low}, got {text!r}") from None
-        if value < low:
-            raise argparse.ArgumentTypeError(f"expected an integer >= {low}, got {text!r}")
+            raise argparse.ArgumentTypeError(f"expected {want}, got {text!r}") from None
+        if value < low or high is not None and value > high:
+            raise argparse.ArgumentTypeError(f"expected {want}, got {text!r}")
         return value
 
-    parse.__name__ = f"integer >= {low}"
+    parse.__name__ = want.removeprefix("an ")
     return parse
 
 
@@ -364,6 +367,20 @@ def cmd_check(args) -> int:
 # ----------------------------------------------------------------------------- selftest
 
 
+def writable_file(text: str) -> str:
+    """argparse type of an output file: its folder exists and it can be written, checked
+    before a command's work rather than after it."""
+    import os
+    from pathlib import Path
+
+    path = Path(text)
+    folder = path.parent if str(path.parent) else Path(".")
+    if path.is_dir() or not folder.is_dir() or not os.access(folder, os.W_OK) \
+            or path.exists() and not os.access(path, os.W_OK):
+        raise argparse.ArgumentTypeError(f"cannot write {text!r} (a file in an existing, writable folder)")
+    return text
+
+
 def cmd_selftest(args) -> int:
     from hipmla import runtime, selftest
 
@@ -440,7 +457,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seed of the inputs (each sequence's data depends on the seed and its index only)")
     c.add_argument("--heads", type=int, default=16, choices=(16, 32, 64, 128),
                    help="query heads (default 16)")
-    c.add_argument("--q-len", type=int_at_least(1), default=1,
+    c.add_argument("--q-len", type=int_at_least(1, MAX_Q_LEN), default=1,
                    help="query tokens per sequence (MTP; default 1)")
     c.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
     c.set_defaults(func=cmd_check)
@@ -453,7 +470,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "a kernel fails (its decoders fall back to the portable kernel), 2 without a GPU.")
     t.add_argument("--format", default="all", choices=KV_FORMATS + ("all",))
     t.add_argument("--device", type=non_negative_int, default=0, metavar="N", help="device index (default 0)")
-    t.add_argument("--json", metavar="PATH", default=None, help="also write the verdicts as JSON to PATH")
+    t.add_argument("--json", metavar="PATH", type=writable_file, default=None,
+                   help="also write the verdicts as JSON to PATH")
     t.add_argument("--no-cache", action="store_true",
                    help="run every check even where a verdict is stored (the new one replaces it)")
     t.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
@@ -480,5 +498,10 @@ def main(argv: list[str] | None = None) -> int:
         end_status()
         print("hipmla: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # stdout closed early (| head): stop quietly, as other tools do
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
+        return 141
     finally:
         end_status()

@@ -39,15 +39,13 @@ from hipmla import selftest as _selftest  # Decoder(selftest=...) is a keyword
 from hipmla.emulate import FAST_SCHEDULES, LOG2E, emulate_decode
 from hipmla.formats import KV_FORMATS, KVCache
 from hipmla.paging import PAGE_SIZES, KvLayout, as_layout, check_page_size
-from hipmla.queries import check_causal, check_heads, check_qo_indptr, q_lens
+from hipmla.queries import MAX_Q_LEN, check_causal, check_heads, check_qo_indptr, q_lens
 from hipmla.reference import check_q
 from hipmla.schedule import INT32_MAX, LONE_BELOW_TOKENS, SplitPolicy
 from hipmla.validate import check_choice, check_positive_finite
 
 #: Batch the decoder reserves for when the caller does not say.
 DEFAULT_MAX_BATCH = 256
-#: Largest ``q_len`` hint a Decoder takes (64 query tokens fill the 64-row kernel at any head count).
-MAX_Q_LEN = 64
 
 #: Bits of the device's error word (hip_src/core/paged.h, ERR_*): device-side input the
 #: host never reads, found invalid by the kernels. The sequence concerned gets NaN.

@@ -13,6 +13,7 @@ import numpy as np
 
 from hipmla.formats import KV_FORMATS, KVCache, default_scale_stride, quantize_kv
 from hipmla.paging import KvLayout
+from hipmla.queries import MAX_Q_LEN
 from hipmla.reference import D_QK, HEADS
 from hipmla.validate import check_choice
 
@@ -168,8 +169,8 @@ def make_sampled_inputs(
 
     if isinstance(heads, bool) or not isinstance(heads, (int, np.integer)) or not 1 <= heads <= 1024:
         raise ValueError(f"heads: expected an integer in [1, 1024] (a decoder serves 16, 32, 64 or 128), got {heads!r}")
-    if isinstance(q_len, bool) or not isinstance(q_len, (int, np.integer)) or not 1 <= q_len <= 64:
-        raise ValueError(f"q_len: expected an integer in [1, 64], got {q_len!r}")
+    if isinstance(q_len, bool) or not isinstance(q_len, (int, np.integer)) or not 1 <= q_len <= MAX_Q_LEN:
+        raise ValueError(f"q_len: expected an integer in [1, {MAX_Q_LEN}], got {q_len!r}")
 
     check_choice(kv_format, "kv_format", KV_FORMATS)
     seed = _check_seed(seed)

@@ -735,7 +735,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         try:
             kernels = aot.fast_kernel_models(archs, args.out)
-        except (aot.ToolchainNotFound, aot.CompileError, ValueError, RuntimeError) as e:
+        except (aot.ToolchainNotFound, aot.CompileError, ValueError, RuntimeError, OSError) as e:
             print(f"hipmla model: {e}", file=sys.stderr)
             return 2
     print(calibration_report(kernels))

@@ -17,6 +17,8 @@ from hipmla.validate import INT32_MAX, check_array
 
 #: Query heads a decoder may serve (TP8, TP4, TP2, TP1 of DeepSeek-V3/R1's 128).
 HEAD_COUNTS = (16, 32, 64, 128)
+#: Largest ``q_len`` hint a Decoder takes (64 query tokens fill the 64-row kernel at any head count).
+MAX_Q_LEN = 64
 
 
 def check_heads(heads, name: str = "heads") -> int:

@@ -222,6 +222,10 @@ def test_bad_platform_variable_is_an_error_not_a_fallback(fake_runtime, monkeypa
     (["profile", "--iters", "0"], ["--iters", "'0'"]),
     (["build", "--jobs", "0"], ["--jobs", "'0'"]),
     (["frobnicate"], ["'frobnicate'"]),
+    (["check", "--q-len", "65"], ["--q-len", "[1, 64]", "'65'"]),
+    (["bench", "--iters", "0"], ["--iters", "'0'"]),
+    (["bench", "--mtp", "--shapes", "4x1k", "--no-torch"], ["--mtp", "--shapes, --no-torch would be ignored"]),
+    (["selftest", "--json", "/nonexistent-folder/v.json"], ["--json", "/nonexistent-folder/v.json"]),
 ])
 def test_bad_arguments_name_the_argument(argv, names, capsys):
     with pytest.raises(SystemExit) as e:
@@ -230,6 +234,27 @@ def test_bad_arguments_name_the_argument(argv, names, capsys):
     err = capsys.readouterr().err
     for name in names:
         assert name in err, err
+
+
+def test_bad_output_paths_and_platform_get_one_line_not_a_traceback(tmp_path):
+    import os
+
+    taken = tmp_path / "a-file"
+    taken.write_text("")
+    for argv, env, words in ((["build", "--arch", "gfx942", "--out", str(taken)], {}, "hipmla build: "),
+                             (["model", "--arch", "gfx942", "--out", str(taken)], {}, "hipmla model: "),
+                             (["bench"], {"HIPMLA_PLATFORM": "bogus"}, "HIPMLA_PLATFORM")):
+        r = subprocess.run([sys.executable, "-m", "hipmla", *argv], capture_output=True, text=True,
+                           timeout=300, env={**os.environ, **env})
+        assert r.returncode == 2, (argv, r.stderr)
+        assert "Traceback" not in r.stderr and words in r.stderr, (argv, r.stderr)
+
+
+def test_a_closed_stdout_ends_the_command_quietly():
+    r = subprocess.run(f"{sys.executable} -m hipmla check --format all --shapes 4x1k --sample 1 -q | head -c 10; "
+                       f"exit ${{PIPESTATUS[0]}}", shell=True, executable="/bin/bash", capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 141 and "Traceback" not in r.stderr, r.stderr
 
 
 def test_sample_seqs_rejects_non_positive():

@@ -47,7 +47,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     out_dir = default_aot_dir() if args.out is None else args.out
     try:
         rows = build_all(archs, out_dir, args.jobs)
-    except (ToolchainNotFound, CompileError, ValueError) as e:
+    except (ToolchainNotFound, CompileError, ValueError, OSError) as e:  # OSError: an --out it cannot write
         print(f"hipmla build: {e}", file=sys.stderr)
         return 2
     print(format_report(rows))

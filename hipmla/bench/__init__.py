@@ -35,6 +35,7 @@ from hipmla.bench.peer import torch_peer
 from hipmla.bench.probes import (PEAK_GBS_BY_ARCH, PEAK_GBS_BY_NAME, Timer, datasheet_peak_gbs, git_commit,
                                  matmul_tflops, read_gbs)
 from hipmla.bench.steps import bytes_moved, device_step, lens_step, ragged_mixes
+from hipmla.cli import int_at_least
 from hipmla.emulate import Q_PRECISIONS
 from hipmla.formats import KV_FORMATS
 from hipmla.inputs import benchmark_shapes
@@ -49,7 +50,7 @@ __all__ = ["BenchRow", "MTP_BATCHES", "MTP_CASES", "MTP_KV_LEN", "PEAK_GBS_BY_AR
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="python -m hipmla bench")
     p.add_argument("--format", default="all", choices=KV_FORMATS + ("all",))
-    p.add_argument("--iters", type=int, default=100)
+    p.add_argument("--iters", type=int_at_least(1), default=100)
     p.add_argument("--device", type=int, default=0)
     p.add_argument("--no-torch", action="store_true", help="skip the torch bf16 peer comparison")
     p.add_argument("--shapes", default=None,
@@ -63,6 +64,17 @@ def main(argv: list[str]) -> int:
                    help="instead: 128 heads x 1 query token and 16 heads x 4 tokens at bs 32/128 x 8k "
                         "(TFLOP/s against a bf16 matmul measured in the same run)")
     a = p.parse_args(argv)
+    if a.mtp:  # its own cases (MTP_CASES): the options of the shape bench would be ignored
+        given = [flag for flag, on in (("--shapes", a.shapes), ("--page-size", a.page_size),
+                                       ("--q-precision", a.q_precision != "auto"), ("--no-torch", a.no_torch)) if on]
+        if given:
+            p.error(f"--mtp times its own cases (bf16 Q, contiguous cache, a bf16 matmul as the peer); "
+                    f"{', '.join(given)} would be ignored")
+    try:
+        runtime.platform_choice()  # HIPMLA_PLATFORM: a bad value is an error, not "no GPU"
+    except ValueError as e:
+        print(f"hipmla bench: {e}", file=sys.stderr)
+        return 2
     if not runtime.available():
         print("hipmla bench: no GPU reachable through hip-python", file=sys.stderr)
         return 2
