@@ -61,6 +61,27 @@ DEVICE_ERRORS = {
 }
 
 
+@dataclass(frozen=True)
+class ScratchLayout:
+    """The persistent scratch of a decoder (Decoder.scratch_layout): f32 partials
+    (``acc_bytes``, then ``ml_bytes`` of (m, l) pairs), then ``words`` int32 words: two merge
+    counters a 16-head row, the error word, padding and, from ``placement_at``, the
+    placement words."""
+
+    slots: int  # partial slots of 16 heads
+    rows: int  # 16-head rows (merge counters)
+    acc_bytes: int
+    ml_bytes: int
+    words: int
+    sms: int  # SMs the placement words serve (0: none)
+    placement_at: int
+    placement_words: int
+
+    @property
+    def total_bytes(self) -> int:
+        return self.acc_bytes + self.ml_bytes + self.words * 4
+
+
 class DeviceInputError(ValueError):
     """Invalid device-side input found by the kernels (see :data:`DEVICE_ERRORS`)."""
 
@@ -245,29 +266,16 @@ class Decoder:
         max_batch, max_q_tokens = max(int(max_batch), self._max_batch), max(int(max_q_tokens), self._max_q_tokens)
         if max_batch == self._max_batch and max_q_tokens == self._max_q_tokens:
             return
-        runtime.use_device(self.device.index)
-        tokens = max(max_q_tokens, max_batch)
-        rows = tokens * self.config.heads // kernels.HEADS  # rows of 16 heads: the merge counters
-        # An item of the 64-head kernel writes a slot of 16 heads for each of its 4 rows.
-        slots = self.policy.max_items(tokens * self._params.head_groups) * (self._split.row_heads // kernels.HEADS)
-        acc_bytes = slots * kernels.HEADS * kernels.D_V * 4
-        ml_bytes = slots * kernels.HEADS * 2 * 4
-        words = 2 * rows + 2  # the merge counters (two per row, core/merge.h), the error word, padding
-        # Which block runs which item (core/placement.h): on NVIDIA, where a block knows
-        # its SM (%smid); an AMD block does not, and runs item i of block i.
-        sms = self.device.num_cus if self._placement else 0
-        placement_at = (words + 3) // 4 * 4  # 16-byte aligned: the kernel clears it in 16-byte stores
-        placement_words = kernels.placement_words(sms) if sms else 0
-        if placement_words:
-            words = placement_at + placement_words
-        need = acc_bytes + ml_bytes + words * 4
+        lay = self.scratch_layout(max_batch, max_q_tokens)
         # Also what keeps the kernels' int slot arithmetic ((slot * 16 + h) * 2) in range:
         # 2^26 slots would be 512 GiB.
-        if need > self.device.total_mem:
+        if lay.total_bytes > self.device.total_mem:
             raise ValueError(f"max_batch/max_q_tokens: steps of {max_batch} sequences and {max_q_tokens} query "
-                             f"tokens need {need / 2**30:.1f} GiB of split scratch; the device has "
+                             f"tokens need {lay.total_bytes / 2**30:.1f} GiB of split scratch; the device has "
                              f"{self.device.total_mem / 2**30:.1f} GiB")
-        grown = runtime.alloc(need)
+        runtime.use_device(self.device.index)
+        acc_bytes, ml_bytes, words, slots, rows = lay.acc_bytes, lay.ml_bytes, lay.words, lay.slots, lay.rows
+        grown = runtime.alloc(lay.total_bytes)
         try:
             # A row's last block resets its merge counters, a launch's last claim the
             # placement words; they start at zero once, and so does the error word
@@ -285,9 +293,29 @@ class Decoder:
         p.part_ml = grown.ptr + acc_bytes
         p.counters = grown.ptr + acc_bytes + ml_bytes
         p.errors = p.counters + 2 * rows * 4
-        p.placement = p.counters + placement_at * 4 if placement_words else None
-        p.placement_sms = sms
+        p.placement = p.counters + lay.placement_at * 4 if lay.placement_words else None
+        p.placement_sms = lay.sms
         self._last_key = None
+
+    def scratch_layout(self, max_batch: int, max_q_tokens: int) -> ScratchLayout:
+        """Where the partials, the merge counters, the error word and the placement words of
+        a scratch for steps of up to ``max_batch`` sequences and ``max_q_tokens`` query tokens
+        go (nothing is allocated)."""
+        tokens = max(max_q_tokens, max_batch)
+        rows = tokens * self.config.heads // kernels.HEADS  # rows of 16 heads: the merge counters
+        # An item of the 64-head kernel writes a slot of 16 heads for each of its 4 rows.
+        slots = self.policy.max_items(tokens * self._params.head_groups) * (self._split.row_heads // kernels.HEADS)
+        words = 2 * rows + 2  # the merge counters (two per row, core/merge.h), the error word, padding
+        # Which block runs which item (core/placement.h): on NVIDIA, where a block knows
+        # its SM (%smid); an AMD block does not, and runs item i of block i.
+        sms = self.device.num_cus if self._placement else 0
+        placement_at = (words + 3) // 4 * 4  # 16-byte aligned: the kernel clears it in 16-byte stores
+        placement_words = kernels.placement_words(sms) if sms else 0
+        if placement_words:
+            words = placement_at + placement_words
+        return ScratchLayout(slots=slots, rows=rows, acc_bytes=slots * kernels.HEADS * kernels.D_V * 4,
+                             ml_bytes=slots * kernels.HEADS * 2 * 4, words=words, sms=sms,
+                             placement_at=placement_at, placement_words=placement_words)
 
     # -- launching ----------------------------------------------------------------
 
@@ -645,5 +673,6 @@ def gpu_check_backend(index: int = 0):
 
 
 __all__ = ["DEVICE_ERRORS", "DLPACK_DEVICES", "Decoder", "DecoderConfig", "DeviceInputError", "PAGE_SIZES", "KvLayout",
+           "ScratchLayout",
            "buffer_key", "check_stream", "device_ptr", "dlpack_interface",
            "fp8_variant_for", "resolve_q_precision"]

@@ -202,17 +202,30 @@ def decoder_state(dec: decode.Decoder) -> tuple:
     return dec.max_batch, dec.scratch_bytes, bytes(dec._params)
 
 
+def largest_reserve(dec: decode.Decoder) -> int:
+    """The largest max_batch (one query token each) whose scratch is no larger than the
+    device's memory: reserve() refuses more before allocating."""
+    lo, hi = dec.max_batch, INT32_MAX // 4 // kernels.HEADS
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if dec.scratch_layout(mid, mid).total_bytes <= dec.device.total_mem:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
 def alloc_failure_checks(dec: decode.Decoder, step: Callable[[], object], used: Callable[[], int],
                          device_tolerance: int) -> tuple[list[str], dict]:
-    """Failed reserves (a simulated hipErrorOutOfMemory, then a real one: a scratch twice
-    the device's memory) leave ``dec`` unchanged, the device memory in use within
+    """Failed reserves (a simulated hipErrorOutOfMemory, then a real one: the largest
+    scratch reserve() does not refuse outright, as large as the device's memory, more than
+    is free beside this process's context) leave ``dec`` unchanged, the device memory in use within
     ``device_tolerance`` bytes and ``step()`` giving what it gave before; a later reserve
     works and ``step()`` still gives the same. ``(failures, measurements)``."""
     failures: list[str] = []
     before, state, mem = step(), decoder_state(dec), used()
     grow_to = 4 * dec.max_batch
-    per_slot = dec.config.heads * kernels.D_V * 4  # f32 partials; a batch has at least a slot a sequence
-    too_big = min(2 * dec.device.total_mem // per_slot + 1, INT32_MAX // 4)
+    too_big = largest_reserve(dec)
     info: dict = {"max_batch": dec.max_batch, "scratch_bytes": dec.scratch_bytes, "grow_to": grow_to,
                   "too_big": too_big, "used_before": mem}
 

@@ -71,13 +71,13 @@ def test_failing_alloc_fails_as_often_as_asked_then_restores_the_allocator(monke
 
 
 def bounded_device(monkeypatch):
-    """The faked runtime with an allocator that refuses more than the device's memory,
-    as hipMalloc does; ``(gpu, decoder, step, used)`` for ``alloc_failure_checks``."""
+    """The faked runtime with an allocator that refuses more than the device's memory not
+    yet in use, as hipMalloc does; ``(gpu, decoder, step, used)`` for ``alloc_failure_checks``."""
     gpu, dec = make(monkeypatch, max_batch=8)
     fake = runtime.alloc
 
     def alloc(nbytes: int):
-        if nbytes > dec.device.total_mem:
+        if nbytes > dec.device.total_mem - used():
             raise runtime.HipError(soak.HIP_ERROR_OUT_OF_MEMORY, "hipErrorOutOfMemory", "out of memory")
         return fake(nbytes)
 
@@ -100,7 +100,10 @@ def test_alloc_failure_checks_pass_a_decoder_that_recovers(monkeypatch):
     failures, info = soak.alloc_failure_checks(dec, step, used, device_tolerance=0)
     assert failures == []
     assert dec.max_batch == info["grow_to"] == 32 and info["grown_scratch_bytes"] > info["scratch_bytes"]
-    assert info["too_big"] * 16 * 512 * 4 > dec.device.total_mem  # really past the device
+    # the largest scratch reserve() does not refuse itself: the device's memory, not what is free
+    too_big = info["too_big"]
+    assert dec.scratch_layout(too_big, too_big).total_bytes <= dec.device.total_mem \
+        < dec.scratch_layout(too_big + 1, too_big + 1).total_bytes
     assert "hipErrorOutOfMemory" in info["simulated_error"] and "hipErrorOutOfMemory" in info["real_error"]
     assert info["simulated_used_delta"] == info["real_used_delta"] == 0
     assert [buf for buf in gpu.buffers if buf.ptr] == [dec._scratch]
