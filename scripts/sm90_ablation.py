@@ -150,6 +150,9 @@ def main(argv: list[str]) -> int:
         trees_in[name] = Path(path).resolve()
     formats = args.formats.split(",")
     known = {name: np.full(b, n) for name, (b, n) in SHAPES.items()} | ragged_mixes()
+    unknown = [name for name in args.shapes.split(",") if name not in known]
+    if unknown:
+        raise SystemExit(f"--shapes: unknown {', '.join(unknown)}; known: {', '.join(known)}")
     shapes = {name: known[name] for name in args.shapes.split(",")}
     info = runtime.device_info(0)
     timer = Timer(info.l2_bytes)
