@@ -107,6 +107,9 @@ template <int TB>
 inline void wgmma_m64n64k16(float (&d)[32], unsigned long long a, unsigned long long b) {
     host_wg_open.push_back(HostWgmma{&wgmma_host<64, TB>, d, a, b});
 }
+inline void wgmma_m64n256k16_tb(float (&d)[128], unsigned long long a, unsigned long long b) {
+    host_wg_open.push_back(HostWgmma{&wgmma_host<256, 1>, d, a, b});
+}
 
 }  // namespace sm90a
 }  // namespace hipmla

@@ -227,6 +227,26 @@ HIPMLA_DEVICE void reset_counters(const MlaDecodeParams& p, const WorkItem& it, 
     atomic_store_device(p.counters + 2 * it.row + 1, 0);
 }
 
+// This block's share of the row's columns (an arrival index k or MERGE_ALL), merged by
+// every thread.
+template <int THREADS>
+HIPMLA_DEVICE void merge_share(const MlaDecodeParams& p, const WorkItem& it, int share) {
+    fence_acquire_device();
+    if (share == MERGE_ALL) {
+        merge_columns<THREADS, 8, 2>(p, it, 0, MERGE_GROUPS, true);
+    } else {
+        const int n = it.n_items;
+        const int g0 = share * MERGE_GROUPS / n, g1 = (share + 1) * MERGE_GROUPS / n;
+        constexpr int LANES = THREADS / HEADS;
+        // A share's groups are LANES x at most 4 steps (2 items or more); 8 loads a
+        // thread in flight per round trip. (16, for one round trip up to 16 items, made
+        // the merge slower on the H200: 4 x 1k 1.8 -> 3.0 us.)
+        if (g1 - g0 <= LANES) merge_columns<THREADS, 1, 8>(p, it, g0, g1, share == 0);
+        else if (g1 - g0 <= 2 * LANES) merge_columns<THREADS, 2, 4>(p, it, g0, g1, share == 0);
+        else merge_columns<THREADS, 4, 2>(p, it, g0, g1, share == 0);
+    }
+}
+
 // Called by every thread of a block of a split row (slot >= 0) after its partial stores.
 // `flag` is one int of shared memory.
 template <int THREADS>
@@ -238,23 +258,29 @@ HIPMLA_DEVICE void merge_split_row(const MlaDecodeParams& p, const WorkItem& it,
     if (t0) *flag = arrive(p, it, done);
     block_sync();
     const int share = *flag;
-    if (share != MERGE_NONE) {
-        fence_acquire_device();
-        if (share == MERGE_ALL) {
-            merge_columns<THREADS, 8, 2>(p, it, 0, MERGE_GROUPS, true);
-        } else {
-            const int n = it.n_items;
-            const int g0 = share * MERGE_GROUPS / n, g1 = (share + 1) * MERGE_GROUPS / n;
-            constexpr int LANES = THREADS / HEADS;
-            // A share's groups are LANES x at most 4 steps (2 items or more); 8 loads a
-            // thread in flight per round trip. (16, for one round trip up to 16 items, made
-            // the merge slower on the H200: 4 x 1k 1.8 -> 3.0 us.)
-            if (g1 - g0 <= LANES) merge_columns<THREADS, 1, 8>(p, it, g0, g1, share == 0);
-            else if (g1 - g0 <= 2 * LANES) merge_columns<THREADS, 2, 4>(p, it, g0, g1, share == 0);
-            else merge_columns<THREADS, 4, 2>(p, it, g0, g1, share == 0);
-        }
-    }
+    if (share != MERGE_NONE) merge_share<THREADS>(p, it, share);
     if (t0) reset_counters(p, it, done);
+}
+
+// Several 16-head rows of one block's item (the 64-row kernel's, `count` of them, row_of(j)
+// the j-th as a WorkItem), called by every thread after the partial stores: thread j
+// arrives at row j's counter, all rows at once, so the block waits for its siblings once,
+// not once a row; then every thread merges the rows' shares one row after the other.
+// `flags` is `count` ints of shared memory.
+template <int THREADS, class RowOf>
+HIPMLA_DEVICE void merge_split_rows(const MlaDecodeParams& p, int count, RowOf row_of, int* flags) {
+    fence_release_device();
+    block_sync();
+    const int tid = int(thread_index());
+    int done = -1;
+    if (tid < count) flags[tid] = arrive(p, row_of(tid), done);
+    block_sync();
+#pragma unroll 1
+    for (int j = 0; j < count; ++j) {
+        const int share = flags[j];
+        if (share != MERGE_NONE) merge_share<THREADS>(p, row_of(j), share);
+    }
+    if (tid < count) reset_counters(p, row_of(tid), done);
 }
 
 }  // namespace hipmla

@@ -19,8 +19,9 @@
 // row: 16-head row sub_rows().first + j (its q, out, lse and merge counter; the query
 // rows of a step are 16-head rows in a row, so the 64 are consecutive), partial slot
 // 4 it.slot + j (first_slot 4 it.first_slot + j, stride 4 it.slot_stride). The decoder
-// sizes the scratch for 4 slots an item. Every block merges its rows one after the other
-// (core/merge.h, per row as the 16-head kernels do). Causal within the step: the item
+// sizes the scratch for 4 slots an item. A block's rows arrive at their counters together
+// and it merges its shares of them one after the other (core/merge.h, merge_split_rows:
+// per row as the 16-head kernels merge). Causal within the step: the item
 // ends where its last query token's view does (it.sees); the warp of an earlier query
 // token's 16 heads masks the tokens past its own (row_seen), and Q rows past the item's
 // query tokens are zero and write nothing.
@@ -55,7 +56,7 @@
 //               score -inf, so their P is 0 exactly. (A non-finite V' of a token an earlier
 //               query token does not see still reaches its O as 0 x inf: the cache rows of a
 //               step's own tokens are the caller's to keep finite.)
-//   O += P V'   wgmma.m64n64k16 with B = the K' tile's first 512 dims read MN-major; warpgroup
+//   O += P V'   wgmma.m64n256k16 with B = the K' tile's first 512 dims read MN-major; warpgroup
 //               wg owns output dims [256 wg, 256 wg + 256): 4 chunks, O is 128 f32 a thread.
 // Lane roles: wgmma's accumulator layout (arch/sm90a.h): thread (warp w of its warpgroup,
 // g = lane / 4, t = lane % 4) holds heads r0 = 16 w + g and r1 = r0 + 8, tokens / columns
@@ -127,6 +128,7 @@ constexpr int SCALES = D_QK / MX_BLOCK;        // E8M0 bytes of an mxfp4 row
 constexpr int STAGES = MX ? 2 : 1;             // raw tiles in the ring (a power of two)
 constexpr int QK_STEPS = D_QK / 16 / 2;        // k-steps of Q.K a warpgroup
 constexpr int V_CHUNKS = D_V / 64 / 2;         // output chunks of 64 dims a warpgroup
+constexpr int O_REGS = V_CHUNKS * 64 * ROW_HEADS / 128;  // O's f32 a thread (m64n256's accumulator)
 constexpr int PART = 4;                        // copy threads a token
 constexpr int COPIES = (ROW_BYTES / 16 + PART - 1) / PART;
 constexpr int SCALE_LOADS = (SCALES + PART - 1) / PART;
@@ -146,6 +148,7 @@ static_assert(!MX || (MX_BLOCK == 32 && UNITS == SCALES), "a 16-byte chunk of mx
 static_assert(ROW_BYTES % 16 == 0 && TILE % 32 == 0, "whole chunks; a warp's 32 pairs share their chunk");
 static_assert((STAGES & (STAGES - 1)) == 0, "tile & (STAGES - 1) is the stage");
 static_assert(CHUNKS * 64 == D_QK && V_CHUNKS * 2 * 64 == D_V, "64-dim chunks");
+static_assert(O_REGS == 128, "a warpgroup's O is one m64n256 accumulator");
 
 struct alignas(1024) Smem {
     union {
@@ -165,7 +168,7 @@ struct alignas(1024) Smem {
     float mx[2][ROW_HEADS];                         // each warpgroup's maxima of a tile
     float lsum[2][ROW_HEADS];                       // each warpgroup's l at the end
     WorkItem item;
-    int last;
+    int last[SUB_ROWS];  // merge_split_rows' shares
 };
 static_assert(sizeof(Smem) == (MX ? 212992 : 211968), "hipmla.kernels.sm90_rows64_shared_bytes(kv) launches with this");
 static_assert(sizeof(float) * ROW_HEADS * OUT_STRIDE <= sizeof(Smem::u), "O's stage fits over Q' and K'");
@@ -290,7 +293,7 @@ HIPMLA_DEVICE void dequant_tile(const unsigned char* raw, const unsigned char* s
 // warpgroup's 4 chunks of output dims, the running max (log2 domain) and its tokens' sum.
 template <int WG>
 struct Rows {
-    float o[V_CHUNKS][32];
+    float o[O_REGS];  // element 4 j + e: column 8 j + 2 t + (e & 1) of the warpgroup's 256 dims
     float m_run[2], l_run[2];
     int r0, r1, t, wtid;
     int n_row;  // tokens of the item its 16-head row (the warp's: heads r0, r1) sees
@@ -303,9 +306,7 @@ struct Rows {
         r1 = r0 + 8;
         t = lane & 3;
 #pragma unroll
-        for (int c = 0; c < V_CHUNKS; ++c)
-#pragma unroll
-            for (int e = 0; e < 32; ++e) o[c][e] = 0.0f;
+        for (int e = 0; e < O_REGS; ++e) o[e] = 0.0f;
         m_run[0] = m_run[1] = f32_from_bits(0xff800000u);
         l_run[0] = l_run[1] = 0.0f;
     }
@@ -373,30 +374,27 @@ struct Rows {
         l_run[1] = l_run[1] * a1 + ls1;
         if (!warp_all(a0 == 1.0f && a1 == 1.0f)) {
 #pragma unroll
-            for (int c = 0; c < V_CHUNKS; ++c)
-#pragma unroll
-                for (int j = 0; j < 8; ++j) {
-                    o[c][4 * j] *= a0;
-                    o[c][4 * j + 1] *= a0;
-                    o[c][4 * j + 2] *= a1;
-                    o[c][4 * j + 3] *= a1;
-                }
+            for (int j = 0; j < O_REGS / 4; ++j) {
+                o[4 * j] *= a0;
+                o[4 * j + 1] *= a0;
+                o[4 * j + 2] *= a1;
+                o[4 * j + 3] *= a1;
+            }
         }
         fence_async_smem();
         block_sync();  // P whole (both warpgroups' tokens)
     }
 
-    // O += P V' over the K' tile: issued and committed, not waited for.
+    // O += P V' over the K' tile: issued and committed, not waited for. One m64n256k16 a
+    // k-step (the warpgroup's 4 chunks of dims, CHUNK_BYTES apart: v_desc's LBO) reads the
+    // P tile once a k-step, not once per chunk.
     HIPMLA_DEVICE void pv(unsigned long long p_desc, unsigned long long v_desc) {
-#pragma unroll
-        for (int c = 0; c < V_CHUNKS; ++c) pin(o[c]);
+        pin(o);
         wg_fence();
 #pragma unroll
         for (int ks = 0; ks < TILE / 16; ++ks)
-#pragma unroll
-            for (int c = 0; c < V_CHUNKS; ++c)
-                wgmma_m64n64k16<1>(o[c], p_desc + unsigned(ks * 32 >> 4),
-                                   v_desc + (unsigned((V_CHUNKS * WG + c) * CHUNK_BYTES + ks * 2048) >> 4));
+            wgmma_m64n256k16_tb(o, p_desc + unsigned(ks * 32 >> 4),
+                                v_desc + (unsigned(V_CHUNKS * WG * CHUNK_BYTES + ks * 2048) >> 4));
         wg_commit();
     }
 };
@@ -508,8 +506,7 @@ HIPMLA_DEVICE void run_tiles(const MlaDecodeParams& p, Smem& sm, const WorkItem&
         store_scales(tile + STAGES, stage, next);
     }
     wg_wait<0>();
-#pragma unroll
-    for (int c = 0; c < V_CHUNKS; ++c) pin(st.o[c]);
+    pin(st.o);
 }
 
 // After the tiles: O (times 2^QSHIFT and the tensor scale; / l for an output) through
@@ -537,7 +534,7 @@ HIPMLA_DEVICE void write_state(const MlaDecodeParams& p, Smem& sm, const WorkIte
             for (int e = 0; e < 4; ++e) {
                 const int row = e < 2 ? st.r0 : st.r1;
                 const int dim = 64 * (V_CHUNKS * WG + c) + 8 * j + perm(2 * st.t + (e & 1));
-                sm.u.out[row][dim] = it.bad ? nan : st.o[c][4 * j + e] * out_scale;
+                sm.u.out[row][dim] = it.bad ? nan : st.o[32 * c + 4 * j + e] * out_scale;
             }
     if (WG == 0 && st.t == 0) {
         const int slot = it.n_items > 1 ? it.slot : -1;
@@ -617,15 +614,15 @@ extern "C" __global__ void __launch_bounds__(hipmla::sm90r::THREADS, 1) HIPMLA_R
         }
     }
     if (slot >= 0) {
-        // The item's 16-head rows merge one after the other, each as a 16-head kernel's row.
-#pragma unroll 1
-        for (int j = 0; j < sr.count; ++j) {
+        // The item's 16-head rows, each merged as a 16-head kernel's row; they arrive together.
+        const auto row_of = [&](int j) {
             WorkItem sub = done;
             sub.row = sr.first + j;
             sub.slot = SUB_ROWS * done.slot + j;
             sub.first_slot = SUB_ROWS * done.first_slot + j;
             sub.slot_stride = SUB_ROWS * done.slot_stride;
-            merge_split_row<THREADS>(p, sub, &sm.last);
-        }
+            return sub;
+        };
+        merge_split_rows<THREADS>(p, sr.count, row_of, sm.last);
     }
 }
