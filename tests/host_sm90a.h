@@ -103,9 +103,8 @@ inline void wg_wait() {
     }
 }
 
-template <int TB>
 inline void wgmma_m64n64k16(float (&d)[32], unsigned long long a, unsigned long long b) {
-    host_wg_open.push_back(HostWgmma{&wgmma_host<64, TB>, d, a, b});
+    host_wg_open.push_back(HostWgmma{&wgmma_host<64, 0>, d, a, b});
 }
 inline void wgmma_m64n256k16_tb(float (&d)[128], unsigned long long a, unsigned long long b) {
     host_wg_open.push_back(HostWgmma{&wgmma_host<256, 1>, d, a, b});

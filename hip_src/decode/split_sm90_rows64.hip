@@ -495,7 +495,7 @@ HIPMLA_DEVICE void run_tiles(const MlaDecodeParams& p, Smem& sm, const WorkItem&
         for (int i = 0; i < QK_STEPS; ++i) {
             const int kk = QK_STEPS * WG + i;
             const unsigned off = unsigned((kk >> 2) * CHUNK_BYTES + (kk & 3) * 32) >> 4;
-            wgmma_m64n64k16<0>(s, q_desc + off, k_desc + off);
+            wgmma_m64n64k16(s, q_desc + off, k_desc + off);
         }
         wg_commit();
         wg_wait<0>();
