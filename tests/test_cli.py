@@ -224,6 +224,8 @@ def test_bad_platform_variable_is_an_error_not_a_fallback(fake_runtime, monkeypa
     (["frobnicate"], ["'frobnicate'"]),
     (["check", "--q-len", "65"], ["--q-len", "[1, 64]", "'65'"]),
     (["bench", "--iters", "0"], ["--iters", "'0'"]),
+    (["bench", "--shapes", "4x1k,nope"], ["--shapes", "'nope'", "256x8k"]),
+    (["bench", "--page-size", "3"], ["--page-size", "got 3"]),
     (["bench", "--mtp", "--shapes", "4x1k", "--no-torch"], ["--mtp", "--shapes, --no-torch would be ignored"]),
     (["selftest", "--json", "/nonexistent-folder/v.json"], ["--json", "/nonexistent-folder/v.json"]),
 ])

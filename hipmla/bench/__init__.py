@@ -70,6 +70,13 @@ def main(argv: list[str]) -> int:
         if given:
             p.error(f"--mtp times its own cases (bf16 Q, contiguous cache, a bf16 matmul as the peer); "
                     f"{', '.join(given)} would be ignored")
+    # The arguments first, then the platform and the device: a typo is named on any machine.
+    known = [s.name for s in benchmark_shapes()] + list(ragged_mixes())
+    only = set(a.shapes.split(",")) if a.shapes else None
+    if only and not only <= set(known):
+        p.error(f"--shapes: unknown {sorted(only - set(known))}; known: {', '.join(known)}")
+    if a.page_size and a.page_size not in (1, 2, 4, 8, 16, 32, 64, 128):
+        p.error(f"--page-size: expected 0 or a power of two in 1..128, got {a.page_size}")
     try:
         runtime.platform_choice()  # HIPMLA_PLATFORM: a bad value is an error, not "no GPU"
     except ValueError as e:
@@ -79,12 +86,6 @@ def main(argv: list[str]) -> int:
         print("hipmla bench: no GPU reachable through hip-python", file=sys.stderr)
         return 2
     formats = KV_FORMATS if a.format == "all" else (a.format,)
-    known = [s.name for s in benchmark_shapes()] + list(ragged_mixes())
-    only = set(a.shapes.split(",")) if a.shapes else None
-    if only and not only <= set(known):
-        p.error(f"--shapes: unknown {sorted(only - set(known))}; known: {', '.join(known)}")
-    if a.page_size and a.page_size not in (1, 2, 4, 8, 16, 32, 64, 128):
-        p.error(f"--page-size: expected 0 or a power of two in 1..128, got {a.page_size}")
     if a.mtp:
         rows = run_mtp_bench(formats, a.iters, a.device)
         if a.out is not None:
