@@ -46,6 +46,8 @@ from hipmla.validate import check_choice, check_positive_finite
 
 #: Batch the decoder reserves for when the caller does not say.
 DEFAULT_MAX_BATCH = 256
+#: Largest max_batch / max_q_tokens reserve() takes: the kernels' int32 row arithmetic.
+MAX_RESERVE = INT32_MAX // 4 // kernels.HEADS
 
 #: Bits of the device's error word (hip_src/core/paged.h, ERR_*): device-side input the
 #: host never reads, found invalid by the kernels. The sequence concerned gets NaN.
@@ -254,7 +256,7 @@ class Decoder:
         lengths. Grows only; not for inside a step: it allocates, and it waits for enqueued
         work before it frees the old buffers — so reserve before capturing a graph, which
         then keeps using these buffers."""
-        limit = INT32_MAX // 4 // kernels.HEADS
+        limit = MAX_RESERVE
         if isinstance(max_batch, bool) or not isinstance(max_batch, (int, np.integer)) \
                 or not 1 <= max_batch <= limit:
             raise ValueError(f"max_batch: expected an integer in [1, {limit}], got {max_batch!r}")
@@ -274,25 +276,24 @@ class Decoder:
                              f"tokens need {lay.total_bytes / 2**30:.1f} GiB of split scratch; the device has "
                              f"{self.device.total_mem / 2**30:.1f} GiB")
         runtime.use_device(self.device.index)
-        acc_bytes, ml_bytes, words, slots, rows = lay.acc_bytes, lay.ml_bytes, lay.words, lay.slots, lay.rows
         grown = runtime.alloc(lay.total_bytes)
         try:
             # A row's last block resets its merge counters, a launch's last claim the
             # placement words; they start at zero once, and so does the error word
             # (check_errors clears it).
-            runtime.memset(grown.ptr + acc_bytes + ml_bytes, 0, words * 4)
+            runtime.memset(grown.ptr + lay.acc_bytes + lay.ml_bytes, 0, lay.words * 4)
             runtime.synchronize()  # the memset is done, and runs enqueued on the old buffers too
         except BaseException:
             grown.free()
             raise
         if self._scratch is not None:
             self._scratch.free()
-        self._scratch, self._max_batch, self._max_q_tokens, self._slots = grown, max_batch, max_q_tokens, slots
+        self._scratch, self._max_batch, self._max_q_tokens, self._slots = grown, max_batch, max_q_tokens, lay.slots
         p = self._params
         p.part_acc = grown.ptr
-        p.part_ml = grown.ptr + acc_bytes
-        p.counters = grown.ptr + acc_bytes + ml_bytes
-        p.errors = p.counters + 2 * rows * 4
+        p.part_ml = grown.ptr + lay.acc_bytes
+        p.counters = grown.ptr + lay.acc_bytes + lay.ml_bytes
+        p.errors = p.counters + 2 * lay.rows * 4
         p.placement = p.counters + lay.placement_at * 4 if lay.placement_words else None
         p.placement_sms = lay.sms
         self._last_key = None
@@ -490,8 +491,9 @@ class Decoder:
         """Copy numpy inputs in, decode, copy out: ``(out bf16 (t_q,h,512), lse f32 (t_q,h))``.
         ``layout`` is a :class:`hipmla.paging.KvLayout` or a host ``kv_indptr``; ``qo_indptr``
         a host array as :meth:`run` takes it on the device (checked here, causal rule too)."""
+        if isinstance(layout, KvLayout):
+            layout.check()  # again: the caller's arrays may have changed since it was made
         layout = as_layout(layout)
-        layout.check()  # again: its arrays may have changed since it was made
         if qo_indptr is None:
             check_q(q, batch=layout.batch)
         else:

@@ -62,6 +62,12 @@ def _row_chunks(rows: int, n: int) -> Iterator[slice]:
         yield slice(r0, min(rows, r0 + step))
 
 
+def _chunk(x: np.ndarray, sl: slice) -> np.ndarray:
+    """Rows ``sl`` of float input in the width it is rounded from: float64 as it is (rounded
+    to the format once), narrower floats as float32 (exact)."""
+    return x[sl] if x.dtype == np.float64 else x[sl].astype(np.float32)
+
+
 def _as_float_rows(x, name: str) -> np.ndarray:
     """Accept f16/bf16/f32/f64 2-D input; returns the array unchanged."""
     check_array(x, name, ndim=2, contiguous=False)
@@ -213,13 +219,12 @@ def mxfp4_quantize(
         raise ValueError(f"scale_stride: must be >= n/32 = {nb}, got {scale_stride}")
     data = np.empty((rows, n // 2), dtype=np.uint8)
     scales = np.zeros((rows, stride), dtype=np.uint8)
-    wide = x.dtype == np.float64
     for sl in _row_chunks(rows, n):
-        xc = x[sl] if wide else x[sl].astype(np.float32)
+        xc = _chunk(x, sl)
         check_finite(xc, "x")
         blocks = xc.reshape(-1, nb, MX_BLOCK)
         amax = np.abs(blocks).max(axis=2)
-        if wide:
+        if xc.dtype == np.float64:
             a32 = amax.astype(np.float32)
             amax = np.where(a32.astype(np.float64) > amax, np.nextafter(a32, np.float32(0)), a32)
         e = mx_scale_exponent(amax, rule, emax=2)
@@ -318,7 +323,7 @@ def fp8_quantize(x, variant: str = "e4m3fn", scale: float | None = None) -> FP8T
     else:
         amax = 0.0
         for sl in _row_chunks(*x.shape):
-            xc = x[sl] if x.dtype == np.float64 else x[sl].astype(np.float32)
+            xc = _chunk(x, sl)
             check_finite(xc, "x")
             amax = max(amax, float(np.abs(xc).max(initial=0.0)))
         scale = amax / FP8_MAX[variant] if amax > 0 else 1.0
@@ -329,10 +334,10 @@ def fp8_quantize(x, variant: str = "e4m3fn", scale: float | None = None) -> FP8T
     scale = np.float32(scale)
     data = np.empty(x.shape, dtype=np.uint8)
     for sl in _row_chunks(*x.shape):
-        xc = x[sl] if x.dtype == np.float64 else x[sl].astype(np.float32)
+        xc = _chunk(x, sl)
         check_finite(xc, "x")
         with np.errstate(over="ignore"):  # a quotient past the format saturates (fp8_round)
-            data[sl] = fp8_round(xc / (np.float64(scale) if xc.dtype == np.float64 else scale), variant)
+            data[sl] = fp8_round(xc / scale, variant)  # in xc's width: the f32 scale widens exactly
     return FP8Tensor(data=data, scale=scale, variant=variant)
 
 

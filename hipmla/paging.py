@@ -82,7 +82,7 @@ class KvLayout:
             s = int(np.flatnonzero(bad)[0])
             raise ValueError(f"kv_last_page_len: expected 1..{self.page_size} for a sequence with pages, "
                              f"kv_last_page_len[{s}] = {int(last[s])}")
-        tokens = np.where(pages > 0, (pages - 1) * self.page_size + last.astype(np.int64), 0)
+        tokens = self.seq_lens()
         if tokens.size and int(tokens.max()) > INT32_MAX:  # the kernels count a sequence's tokens in int32
             s = int(np.argmax(tokens))
             raise ValueError(f"kv_indptr: sequence {s} has {int(tokens[s])} tokens ({int(pages[s])} pages of "

@@ -59,7 +59,6 @@ from hipmla.formats import KV_FORMATS  # noqa: E402
 from hipmla.inputs import random_cache  # noqa: E402
 from hipmla.paging import KvLayout, check_page_size  # noqa: E402
 from hipmla.reference import mla_decode_reference  # noqa: E402
-from hipmla.schedule import INT32_MAX  # noqa: E402
 from test_decode_gpu import SM_SCALE, assert_close_to_emulator, assert_close_to_reference  # noqa: E402
 
 PAGE_SIZE = 16
@@ -205,7 +204,7 @@ def decoder_state(dec: decode.Decoder) -> tuple:
 def largest_reserve(dec: decode.Decoder) -> int:
     """The largest max_batch (one query token each) whose scratch is no larger than the
     device's memory: reserve() refuses more before allocating."""
-    lo, hi = dec.max_batch, INT32_MAX // 4 // kernels.HEADS
+    lo, hi = dec.max_batch, decode.MAX_RESERVE
     while lo < hi:
         mid = (lo + hi + 1) // 2
         if dec.scratch_layout(mid, mid).total_bytes <= dec.device.total_mem:
@@ -227,7 +226,8 @@ def alloc_failure_checks(dec: decode.Decoder, step: Callable[[], object], used: 
     grow_to = 4 * dec.max_batch
     too_big = largest_reserve(dec)
     info: dict = {"max_batch": dec.max_batch, "scratch_bytes": dec.scratch_bytes, "grow_to": grow_to,
-                  "too_big": too_big, "used_before": mem}
+                  "too_big": too_big, "too_big_bytes": dec.scratch_layout(too_big, too_big).total_bytes,
+                  "used_before": mem}
 
     def expect_oom(what: str, call: Callable[[], None]) -> None:
         try:
@@ -593,7 +593,7 @@ def alloc_phase(rig: Rig, device_tolerance: int) -> dict:
 
     failures, info = alloc_failure_checks(rig.dec, step, used, device_tolerance)
     line = (f"reserve({info['grow_to']}) with a simulated hipErrorOutOfMemory, then reserve({info['too_big']}) "
-            f"({info['too_big'] * rig.dec.config.heads * kernels.D_V * 4 / 2**30:.0f} GiB of scratch, a real one): "
+            f"({info['too_big_bytes'] / 2**30:.1f} GiB of scratch, a real one): "
             f"device memory in use moved {info.get('simulated_used_delta')} / {info.get('real_used_delta')} B; "
             + ("the decoder unchanged (max_batch {max_batch}) and the next step bit-identical after each; then "
                "reserve({grow_to}) worked (scratch {scratch_bytes} -> {grown_scratch_bytes} B), its step "
