@@ -237,16 +237,7 @@ def test_fast_gfx950_code_uses_the_matrix_cores(spec: KernelSpec, tmp_path):
     """llvm-objdump of the build: the scaled MFMA (fp8 or fp4 B operand as specialised;
     none at all with bf16 Q, whose Q.K is the convert + bf16 MFMA the seed ran), the bf16
     MFMA, the scaled fp4 -> bf16 convert and the global -> LDS copy are there."""
-    objdump = shutil.which("llvm-objdump-22")
-    if CLANG is None or objdump is None:
-        pytest.skip("clang++-22 / llvm-objdump-22 not installed")
-    tu = tmp_path / "k.hip"
-    tu.write_text(translation_unit(spec.source))
-    co = tmp_path / "k.co"
-    subprocess.run([CLANG, "-x", "hip", "--offload-arch=gfx950", "--cuda-device-only", "-nogpulib",
-                    "-nogpuinc", "--no-gpu-bundle-output", "-O3", "-std=c++17", *spec.options("gfx950"),
-                    str(tu), "-o", str(co)], check=True, capture_output=True)
-    text = subprocess.run([objdump, "-d", str(co)], capture_output=True, text=True, check=True).stdout
+    text = _disassemble(spec, "gfx950", tmp_path)
     scaled = re.findall(r"v_mfma_scale_f32_16x16x128_f8f6f4 .*", text)
     q_bf16, q_fp4 = spec.symbol.endswith("qbf16"), spec.symbol.endswith("qmxfp4")
     assert len(scaled) == (0 if q_bf16 else 10)  # 2 score groups x 5 k-steps, unrolled
