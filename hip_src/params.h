@@ -51,7 +51,9 @@ struct MlaDecodeParams {
     int32_t fast_tile;               // > 0: a sequence's partial last tile is an item of its own, and the
                                      //      items of whole fast_tile tiles belong to the arch's fast kernel
     int32_t kv_rows;                 // rows of the cache (kv and kv_scale): no row past it is read; 0: unknown
-    int32_t n_indices;               // paged: entries of kv_indices: no entry past it is read; 0: unknown
+                                     //      (a raw address: the caller's promise); -1: none (an empty cache)
+    int32_t n_indices;               // paged: entries of kv_indices: no entry past it is read; 0: unknown;
+                                     //      -1: none (kv_indices must still be non-null: it selects paging)
     int32_t head_groups;             // h_q / 16 (1, 2, 4 or 8; the 64-row kernel max(h_q / 64, 1))
     int32_t q_tokens;                // t_q: rows of q / out / lse; with qo_indptr no entry past it is used
     int32_t split_max_ranges;        // > 0: most token ranges (items of a row) per sequence; 0: no cap

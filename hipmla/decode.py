@@ -411,10 +411,9 @@ class Decoder:
         p.lse = 0 if lse is None else device_ptr(lse, "lse", itemsize=4, shape=(t_q, h), kinds="f",
                                                  writable=True, device=dev)[0]
         # The kernels read no row past the cache's and no page-table entry past its end
-        # (0: a raw address, whose extent is the caller's promise; so an empty buffer, which
-        # would read as that, is refused).
-        _not_empty(kv_shape, "kv", "cache rows")
-        p.kv_rows = min(kv_shape[0], INT32_MAX) if kv_shape is not None else 0
+        # (0: a raw address, whose extent is the caller's promise; an empty buffer is a
+        # bound of no rows, so only a step of empty sequences reads it, and reads nothing).
+        p.kv_rows = _extent(kv_shape)
         p.n_indices = 0
         if kv_indices is None and kv_last_page_len is None:
             if page_size != 1:
@@ -429,20 +428,23 @@ class Decoder:
             p.page_shift = check_page_size(page_size).bit_length() - 1
             p.kv_indices, idx_shape = device_ptr(kv_indices, "kv_indices", itemsize=4, shape=(None,), kinds="i",
                                                  device=dev)
-            _not_empty(idx_shape, "kv_indices", "page ids")
-            p.n_indices = min(idx_shape[0], INT32_MAX) if idx_shape is not None else 0
+            p.n_indices = _extent(idx_shape)
+            if p.n_indices == EXTENT_EMPTY:
+                # A null table would switch the kernels to a contiguous cache: they get another
+                # address of ints in its place, of which they read none (every entry is past
+                # the bound).
+                p.kv_indices = p.kv_indptr
             p.kv_last_page_len = device_ptr(kv_last_page_len, "kv_last_page_len", itemsize=4,
                                             shape=(b,), kinds="i", device=dev)[0]
         if fmt == "mxfp4":
             stride = _scale_stride(kv_scale, kv_scale_stride)
             p.kv_scale, scale_shape = device_ptr(kv_scale, "kv_scale", itemsize=1, shape=(None, stride), align=1,
                                                  float8=("float8_e8m0fnu",), device=dev)
-            _not_empty(scale_shape, "kv_scale", "scale rows")
             if kv_shape is not None and scale_shape is not None and scale_shape[0] < kv_shape[0]:
                 raise ValueError(f"kv_scale: expected a scale row for each of the {kv_shape[0]} cache rows, "
                                  f"got {scale_shape[0]}")
             if kv_shape is None and scale_shape is not None:
-                p.kv_rows = min(scale_shape[0], INT32_MAX)
+                p.kv_rows = _extent(scale_shape)
             p.stride_kv_scale = stride
             p.kv_fp8_scale = 1.0
         else:
@@ -563,10 +565,16 @@ class Decoder:
         self.close()
 
 
-def _not_empty(shape: tuple | None, name: str, what: str) -> None:
-    if shape is not None and shape[0] == 0:
-        raise ValueError(f"{name}: expected at least one of its {what}, got shape {shape} (an empty "
-                         f"buffer has no address the kernels could be bounded by)")
+# kv_rows / n_indices of an empty buffer (params.h): a bound of nothing, where 0 is no bound.
+EXTENT_EMPTY = -1
+
+
+def _extent(shape: tuple | None) -> int:
+    """The kernels' bound of a buffer's first dimension: 0 for a raw address (the caller's
+    promise), EXTENT_EMPTY for an empty buffer, whose address may be null."""
+    if shape is None:
+        return 0
+    return min(shape[0], INT32_MAX) if shape[0] > 0 else EXTENT_EMPTY
 
 
 def _f32(value: float, name: str) -> float:

@@ -97,8 +97,8 @@ class DecodeParams(ctypes.Structure):
         ("split_min_tokens", ctypes.c_int32),
         ("split_align", ctypes.c_int32),
         ("fast_tile", ctypes.c_int32),
-        ("kv_rows", ctypes.c_int32),  # 0: unknown (raw address)
-        ("n_indices", ctypes.c_int32),  # 0: unknown
+        ("kv_rows", ctypes.c_int32),  # 0: unknown (raw address); -1: an empty cache
+        ("n_indices", ctypes.c_int32),  # 0: unknown; -1: an empty page table
         ("head_groups", ctypes.c_int32),  # h_q / 16
         ("q_tokens", ctypes.c_int32),  # t_q
         ("split_max_ranges", ctypes.c_int32),  # 0: no cap

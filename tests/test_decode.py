@@ -463,9 +463,8 @@ def test_page_size_becomes_a_shift(monkeypatch, page_size):
      "^kv_last_page_len:"),
     (lambda: paged(kv_last_page_len=FakeCAI((2,), "<f4", ADDR["kv_last_page_len"])), TypeError,
      "^kv_last_page_len:"),
-    (lambda: paged(kv_indices=FakeCAI((0,), "<i4", 0)), ValueError, "^kv_indices: expected at least one"),
 ], ids=["3", "256", "0", "-16", "True", "16.0", "no-table", "no-last", "no-indices", "indices-i8",
-        "indices-u4", "indices-2d", "indices-host", "last-shape", "last-2d", "last-f4", "indices-empty"])
+        "indices-u4", "indices-2d", "indices-host", "last-shape", "last-2d", "last-f4"])
 def test_bad_page_tables_raise_before_any_launch(monkeypatch, call, exc, words):
     gpu, dec = make(monkeypatch)
     with pytest.raises(exc, match=words):
@@ -695,10 +694,8 @@ BAD_RUNS = [
     ("mxfp4", lambda: args(kv_scale=FakeCAI((400 * 24,), "|u1", ADDR["kv_scale"])), ValueError, "kv_scale"),
     ("mxfp4", lambda: args(kv_scale=FakeCAI((399, 24), "|u1", ADDR["kv_scale"])), ValueError, "kv_scale"),
     ("mxfp4", lambda: args(kv_scale=FakeCAI((400, 24), "<u2", ADDR["kv_scale"])), TypeError, "kv_scale"),
-    # empty buffers: a zero extent is what the kernels read as "unbounded, the caller's promise"
-    ("mxfp4", lambda: args(kv=FakeCAI((0, 288), "|u1", 0), kv_scale=FakeCAI((0, 24), "|u1", 0)), ValueError, "kv"),
-    ("mxfp4", lambda: args(kv=ADDR["kv"], kv_scale=FakeCAI((0, 24), "|u1", 0)), ValueError, "kv_scale"),
-    ("fp8", lambda: args(kv_format="fp8", kv=FakeCAI((0, D_QK), "|u1", 0)), ValueError, "kv"),
+    ("mxfp4", lambda: args(kv=FakeCAI((1, 288), "|u1", ADDR["kv"]), kv_scale=FakeCAI((0, 24), "|u1", 0)),
+     ValueError, "kv_scale"),  # a row without its scale row
     ("fp8", lambda: args(kv_format="fp8", fp8_scale=None), ValueError, "fp8_scale"),
     # fine alone, but the scores' f32 factor sm_scale * log2(e) * fp8_scale flushes to zero
     ("fp8", lambda: args(kv_format="fp8", fp8_scale=1e-37), ValueError, "fp8_scale"),
@@ -892,6 +889,23 @@ def test_the_kernels_get_the_extent_of_every_array_they_index(monkeypatch):
            for k, v in args(2, rows=400).items()}
     dec.run(**raw, batch=2, kv_scale_stride=24)
     assert (dec._params.kv_rows, dec._params.n_indices) == (0, 0)
+    # An empty buffer (whose address may be null) is a bound of nothing (-1; 0 is none), so
+    # a step of empty sequences runs and any other sequence is flagged on the device.
+    empty = {"kv": FakeCAI((0, 288), "|u1", 0), "kv_scale": FakeCAI((0, 24), "|u1", 0)}
+    dec.run(**(args(2) | empty))
+    assert (dec._params.kv_rows, dec._params.n_indices) == (decode.EXTENT_EMPTY, 0) == (-1, 0)
+    dec.run(**(args(2) | {"kv": ADDR["kv"], "kv_scale": empty["kv_scale"]}))  # the scales bound a raw cache
+    assert dec._params.kv_rows == -1
+    # An empty page table: a null kv_indices would mean a contiguous cache, so the kernels
+    # get kv_indptr's address in its place, with no entry to read.
+    dec.run(**args(2, rows=400), **paged(2, kv_indices=FakeCAI((0,), "<i4", 0)), page_size=16)
+    assert (dec._params.kv_rows, dec._params.n_indices) == (400, -1)
+    assert dec._params.kv_indices == dec._params.kv_indptr == ADDR["kv_indptr"] != 0
+    launch = gpu.launches[-1]
+    assert (launch.n_indices, launch.kv_indices) == (-1, ADDR["kv_indptr"])
+    fp8 = make(monkeypatch, kv_format="fp8")[1]
+    fp8.run(**args(2, kv_format="fp8", kv=FakeCAI((0, D_QK), "|u1", 0)))
+    assert fp8._params.kv_rows == -1
     # the error word sits after the counters, inside the scratch
     assert dec._params.errors == dec._params.counters + 2 * dec.max_batch * 4
     assert dec._params.errors + 4 <= gpu.buffers[0].ptr + gpu.buffers[0].nbytes

@@ -24,7 +24,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from hipmla import kernels
+from hipmla import decode, kernels
 from hipmla.emulate import FAST_SCHEDULES, SM90_TILE_TOKENS, emulate_decode
 from hipmla.formats import KVCache, quantize_kv
 from hipmla.inputs import random_cache
@@ -481,16 +481,20 @@ def run_on_host(host_kernels, q, kv: KVCache, layout: KvLayout, policy: SplitPol
     last = None if not layout.paged else np.ascontiguousarray(layout.kv_last_page_len, dtype=np.int32)
     words = np.zeros(kernels.placement_words(placement_sms), dtype=np.int32) if placement_sms else None
     keep = [q, kv.data, kv.scales, indptr, indices, last, errors, qo32, words]
+    # Extents as the decoder passes them (an empty buffer: -1 and, here, a null address, so
+    # that any read through it crashes the test; an empty page table: kv_indptr's address).
+    kv_rows = decode._extent(kv.data.shape)
+    n_indices = 0 if indices is None or getattr(layout, "unbounded", False) else decode._extent(indices.shape)
     p = DecodeParams(
-        q=_ptr(q), kv=_ptr(kv.data), kv_scale=_ptr(kv.scales), kv_indptr=_ptr(indptr),
-        kv_indices=_ptr(indices), kv_last_page_len=_ptr(last), qo_indptr=_ptr(qo32), counters=_ptr(counters),
+        q=_ptr(q), kv=_ptr(kv.data) if kv.rows else None, kv_scale=_ptr(kv.scales) if kv.rows else None,
+        kv_indptr=_ptr(indptr), kv_indices=_ptr(indptr if n_indices == decode.EXTENT_EMPTY else indices),
+        kv_last_page_len=_ptr(last), qo_indptr=_ptr(qo32), counters=_ptr(counters),
         part_acc=_ptr(part_acc), part_ml=_ptr(part_ml), out=_ptr(out), lse=_ptr(lse),
         sm_scale_log2=np.float32(np.float32(sm_scale) * np.float32(1.4426950408889634)),
         kv_fp8_scale=kv.fp8_scale if kv.format == "fp8" else 1.0,
         stride_kv_scale=kv.scales.shape[1] if kv.scales is not None else 0,
         batch=batch, page_shift=layout.page_size.bit_length() - 1,
-        errors=_ptr(errors), kv_rows=kv.rows,
-        n_indices=0 if indices is None or getattr(layout, "unbounded", False) else indices.shape[0],
+        errors=_ptr(errors), kv_rows=kv_rows, n_indices=n_indices,
         head_groups=groups, q_tokens=t_q, placement=_ptr(words), placement_sms=placement_sms, row_tokens=row_tokens,
     )
     p.set_split(policy)
@@ -938,6 +942,40 @@ def test_invalid_device_input_gives_nan_and_an_error_bit(host_kernels, kind, arc
     # sequence 6 of the decreasing indptr reads other rows now: finite, but not the clean output
     good = [s for s in ok if not (kind == "decreasing indptr" and s == 6)]
     np.testing.assert_allclose(out[good], clean_out[good], rtol=1e-2, atol=1e-3)
+
+
+@pytest.mark.parametrize("paged", [False, True], ids=["contiguous", "paged"])
+@pytest.mark.parametrize("kernel", ["portable", "gfx942", "gfx950", "sm90", "sm90_rows64"])
+def test_an_empty_cache_serves_empty_sequences_and_flags_the_rest(host_kernels, kernel, paged):
+    """A cache of no rows (and, paged, a page table of no entries), passed as the decoder
+    passes an empty buffer: extent -1 and a null address. A step of empty sequences gives
+    0 / -inf with no error; a sequence with tokens is flagged (ERR_BOUNDS) and NaN, and
+    nothing is read (a read through the null address would crash the test)."""
+    kv_format = "mxfp4"
+    spec = {"portable": None, "gfx942": kernels.fast_split_kernel("gfx942", kv_format, "bf16"),
+            "gfx950": kernels.fast_split_kernel("gfx950", kv_format, "bf16"),
+            "sm90": kernels.sm90_split_kernel(kv_format), "sm90_rows64": kernels.sm90_rows64_kernel(kv_format)}[kernel]
+    arch = "gfx942" if kernel == "gfx942" else "gfx950"
+    empty = quantize_kv(np.zeros((0, 576), np.float32), kv_format)
+    heads = 64 if kernel == "sm90_rows64" else 16
+    q = np.random.default_rng(5).standard_normal((3, heads, 576), dtype=np.float32).astype(ml_dtypes.bfloat16)
+
+    def layout(lens):
+        if not paged:
+            return RawLayout(np.concatenate([[0], np.cumsum(lens)]).astype(np.int32))
+        # every sequence's pages would start at entry 0 of the (empty) table
+        return RawLayout(np.concatenate([[0], np.cumsum(-(-np.array(lens) // 16))]).astype(np.int32),
+                         np.zeros(0, np.int32), np.where(np.array(lens) > 0, (np.array(lens) - 1) % 16 + 1, 1), 16)
+
+    for lens, hit in (([0, 0, 0], []), ([0, 0, 5], [2])):
+        errors = np.zeros(1, dtype=np.int32)
+        out, lse, counters = run_on_host(host_kernels, q, empty, layout(lens), POLICY, 1 / 24, "bf16", arch,
+                                         errors, spec=spec)
+        ok = [s for s in range(3) if s not in hit]
+        assert (out[ok] == 0).all() and np.isneginf(lse[ok]).all(), (kernel, lens)
+        assert np.isnan(out[hit]).all() and np.isnan(lse[hit]).all(), (kernel, lens)
+        assert errors[0] == (2 if hit else 0), (kernel, lens, int(errors[0]))
+        assert (counters == 0).all()
 
 
 def test_gfx942_fast_kernels_take_bf16_q_for_every_cache():

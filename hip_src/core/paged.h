@@ -23,6 +23,12 @@ constexpr int ERR_LAST_PAGE = 8;  // kv_last_page_len outside 1 .. page_size
 constexpr int ERR_QO = 16;        // qo_indptr decreases, is negative or passes q_tokens
 constexpr int ERR_Q_LEN = 32;     // a sequence has fewer kv tokens than query tokens
 
+// An extent of kv_rows / n_indices as a bound: 0 is "unknown" (a raw address, whose extent
+// is the caller's promise: nothing is checked), -1 an empty array (every index passes it).
+// The decoder passes -1 for an empty buffer, whose address (possibly null) bounds nothing.
+HIPMLA_DEVICE bool bounded(int extent) { return extent != 0; }
+HIPMLA_DEVICE int bound_of(int extent) { return extent > 0 ? extent : 0; }
+
 struct SeqExtent {
     int tokens;  // 0 for an invalid sequence
     int bad;     // ERR_* bits
@@ -35,10 +41,10 @@ HIPMLA_DEVICE SeqExtent seq_extent(const MlaDecodeParams& p, int seq) {
     const int n = end - first;
     int bad = (first < 0 || n < 0) ? ERR_INDPTR : 0;
     if (p.kv_indices == nullptr) {
-        if (p.kv_rows > 0 && end > p.kv_rows) bad |= ERR_BOUNDS;
+        if (bounded(p.kv_rows) && end > bound_of(p.kv_rows)) bad |= ERR_BOUNDS;
         return bad ? SeqExtent{0, bad} : SeqExtent{n, 0};
     }
-    if (p.n_indices > 0 && end > p.n_indices) bad |= ERR_BOUNDS;
+    if (bounded(p.n_indices) && end > bound_of(p.n_indices)) bad |= ERR_BOUNDS;
     // Loaded whatever n is, so the load goes out beside kv_indptr's, not after it (a second
     // memory latency in the schedule; seq < batch, so the entry exists).
     const int last_len = p.kv_last_page_len[seq];
@@ -52,7 +58,6 @@ HIPMLA_DEVICE SeqExtent seq_extent(const MlaDecodeParams& p, int seq) {
     return SeqExtent{int(tokens), 0};
 }
 
-// Whether page `page` is a page of the cache (kv_rows 0: the caller promised it is).
 // The query tokens of a sequence: qo_indptr's range, or token `seq` alone without one.
 struct SeqQuery {
     int first;  // its first query token (row of q / out / lse in tokens)
@@ -77,8 +82,9 @@ HIPMLA_DEVICE long long step_rows(const MlaDecodeParams& p) {
     return (long long)(p.qo_indptr != nullptr ? p.q_tokens : p.batch) * head_groups(p);
 }
 
+// Whether page `page` is a page of the cache (kv_rows 0: the caller promised it is).
 HIPMLA_DEVICE bool page_in_cache(const MlaDecodeParams& p, int page) {
-    return page >= 0 && (p.kv_rows <= 0 || page < (p.kv_rows >> p.page_shift));
+    return page >= 0 && (!bounded(p.kv_rows) || page < (bound_of(p.kv_rows) >> p.page_shift));
 }
 
 struct KvRows {
