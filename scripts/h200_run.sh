@@ -20,7 +20,9 @@ for step in "$@"; do
         sel=()
         [ "$step" = tests-heavy ] && sel=(-k "ragged or several_query")
         [ "$step" = tests-light ] && sel=(-k "not (ragged or several_query)")
-        timeout 560 python3 -m pytest -v -rfE --tb=short --durations=12 -m gpu -n 14 -p no:cacheprovider ${sel[@]+"${sel[@]}"} tests \
+        # PYTEST_K narrows "tests" to one -k expression (a re-run of what a cut call left).
+        [ "$step" = tests ] && [ -n "${PYTEST_K:-}" ] && sel=(-k "$PYTEST_K")
+        timeout "${PYTEST_TIMEOUT:-560}" python3 -m pytest -v -rfE --tb=short --durations=12 -m gpu -n 14 -p no:cacheprovider ${sel[@]+"${sel[@]}"} tests \
             > "$OUT/gpu_$step.log" 2>&1
         echo "$step rc=$?"; grep -v PASSED "$OUT/gpu_$step.log" | tail -25 ;;
     sanitize)
