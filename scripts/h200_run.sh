@@ -27,7 +27,7 @@ for step in "$@"; do
         echo "$step rc=$?"; grep -v PASSED "$OUT/gpu_$step.log" | tail -25 ;;
     sanitize)
         for tool in memcheck racecheck; do
-            timeout 120 compute-sanitizer --tool $tool --target-processes all python3 scripts/sanitize_case.py \
+            timeout "${SANITIZE_TIMEOUT:-120}" compute-sanitizer --tool $tool --target-processes all python3 scripts/sanitize_case.py \
                 > "$OUT/sanitizer_$tool.log" 2>&1
             echo "sanitizer $tool rc=$?"; grep -E "ERROR SUMMARY|RACECHECK SUMMARY|max \|" "$OUT/sanitizer_$tool.log" | tail -5
         done ;;
