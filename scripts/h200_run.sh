@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # What one device call runs on the NVIDIA H200 (see README, "NVIDIA platform").
 #   scripts/h200_run.sh tests|tests-heavy|tests-light|sanitize|check|bench|mtp|ncu|soak|selftest   — logs go to $OUT (default ./out)
+#   PYTEST_K / PYTEST_TIMEOUT narrow and cap the tests step; SANITIZE_TIMEOUT caps each sanitizer
 set -uo pipefail
 OUT=${OUT:-out}
 mkdir -p "$OUT"
