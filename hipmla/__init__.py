@@ -1,7 +1,8 @@
 """hipmla: MLA decode attention for AMD Instinct GPUs, torch-free.
 
 Layers, bottom up: ``formats`` (KV-cache byte layouts) -> ``reference`` (exact math) ->
-``paging`` (token -> cache row) -> ``schedule`` (the device's split into work items) -> ``emulate`` (numpy model of the kernels' numerics) ->
+``paging`` (token -> cache row) -> ``schedule`` (the device's split into work items) ->
+``emulate`` (numpy model of the kernels' numerics) ->
 ``runtime`` (the one package that talks to hip-python) -> ``kernels`` (HIP sources and
 their parameter struct) -> ``buffers`` (device buffer arguments: addresses, CUDA Array
 Interface, DLPack; their checks and keys) -> ``decode`` (the decoder API) -> ``cli``.

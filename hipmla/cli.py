@@ -429,8 +429,8 @@ def cmd_selftest(args) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m hipmla",
-                                description="MLA decode attention for AMD Instinct GPUs: check, selftest, build, model, "
-                                            "bench, profile, and the NVIDIA runtime helper.",
+                                description="MLA decode attention for AMD Instinct GPUs: check, selftest, build, "
+                                            "model, bench, profile, and the NVIDIA runtime helper.",
                                 epilog="Results go to stdout, progress and notes to stderr (the 'hipmla' "
                                        "logger). Environment variables: docs/ENVIRONMENT.md.")
     p.add_argument("--version", action="version", version=f"hipmla {__version__}")

@@ -616,8 +616,9 @@ def format_constants(devices: Sequence[Device]) -> str:
     constant in hipmla/perfmodel.py)."""
     lines = ["constants (datasheet / measured / assumption; hipmla/perfmodel.py gives each one's source)"]
     for d in devices:
-        lines.append(f"  {d.name}: {d.num_cus} {d.cu_word}, {d.clock_hz / 1e9:.2f} GHz, {d.hbm_bytes_per_s / 1e12:.1f} TB/s "
-                     f"HBM, {d.issue_units} issue units per {d.cu_word[:-1]} (datasheet); DRAM round trip {_ns(d.dram_latency_s)}, "
+        lines.append(f"  {d.name}: {d.num_cus} {d.cu_word}, {d.clock_hz / 1e9:.2f} GHz, "
+                     f"{d.hbm_bytes_per_s / 1e12:.1f} TB/s HBM, {d.issue_units} issue units per {d.cu_word[:-1]} "
+                     f"(datasheet); DRAM round trip {_ns(d.dram_latency_s)}, "
                      f"merge round trip {_ns(d.merge_latency_s)} (assumption)")
     lines += [
         f"  read stream {READ_FRACTION:.3f} of the HBM peak (measured on the H200: torch.sum "

@@ -38,6 +38,8 @@ hip: Any = None
 hiprtc: Any = None
 
 _lock = threading.Lock()
+
+
 class _ThreadState(threading.local):
     device: int | None = None  # the device hipmla last made current on this thread
 
