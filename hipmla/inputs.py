@@ -83,6 +83,8 @@ def make_inputs(
     measured, for the same reason.
     """
     check_choice(kv_format, "kv_format", KV_FORMATS)
+    seed = _check_seed(seed)
+    _check_heads(heads)
     layout = KvLayout.contiguous(seq_lens)
     indptr = layout.kv_indptr
     rows = int(indptr[-1])
@@ -123,6 +125,12 @@ def _check_seed(seed) -> int:
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
         raise ValueError(f"seed: expected an integer >= 0, got {seed!r}")
     return int(seed)
+
+
+def _check_heads(heads) -> int:
+    if isinstance(heads, bool) or not isinstance(heads, (int, np.integer)) or not 1 <= heads <= 1024:
+        raise ValueError(f"heads: expected an integer in [1, 1024] (a decoder serves 16, 32, 64 or 128), got {heads!r}")
+    return int(heads)
 
 
 def _check_seqs(seqs, batch: int) -> np.ndarray:
@@ -167,8 +175,7 @@ def make_sampled_inputs(
     from hipmla.queries import check_causal
     from hipmla.schedule import check_lens
 
-    if isinstance(heads, bool) or not isinstance(heads, (int, np.integer)) or not 1 <= heads <= 1024:
-        raise ValueError(f"heads: expected an integer in [1, 1024] (a decoder serves 16, 32, 64 or 128), got {heads!r}")
+    _check_heads(heads)
     if isinstance(q_len, bool) or not isinstance(q_len, (int, np.integer)) or not 1 <= q_len <= MAX_Q_LEN:
         raise ValueError(f"q_len: expected an integer in [1, {MAX_Q_LEN}], got {q_len!r}")
 

@@ -56,6 +56,19 @@ def test_make_inputs_options():
         make_inputs([-1], "bf16")
 
 
+@pytest.mark.parametrize("kw, match", [
+    ({"seed": -1}, r"seed: expected an integer >= 0, got -1"),
+    ({"seed": 1.5}, r"seed: expected an integer >= 0, got 1.5"),
+    ({"heads": 0}, r"heads: expected an integer in \[1, 1024\].*got 0"),
+    ({"heads": True}, r"heads: .*got True"),
+    ({"heads": 2000}, r"heads: .*got 2000"),
+])
+def test_make_inputs_names_a_bad_seed_or_head_count(kw, match):
+    """As make_sampled_inputs does: the argument named, not numpy's message from inside."""
+    with pytest.raises(ValueError, match=match):
+        make_inputs([10], "bf16", **kw)
+
+
 @pytest.mark.parametrize("fmt", ["bf16", "fp8", "mxfp4"])
 def test_make_inputs_is_deterministic_per_seed(fmt):
     a = make_inputs([70, 5], fmt, seed=3)
