@@ -54,6 +54,8 @@ def device_ptr(obj, name: str, *, itemsize: int, shape: tuple | None = None,
     typestr = cai.get("typestr")
     if not isinstance(typestr, str) or len(typestr) < 3 or not typestr[2:].isdigit():
         raise TypeError(f"{name}: the interface's typestr {typestr!r} is not a numpy type string")
+    if typestr[0] == ">" and int(typestr[2:]) > 1:  # the GPUs are little-endian
+        raise TypeError(f"{name}: big-endian elements (typestr {typestr!r}); expected little-endian ('<' or '|')")
     if int(typestr[2:]) != itemsize or typestr[1] not in kinds:
         want = {"f": "float32" if itemsize == 4 else "float", "i": "int32" if itemsize == 4 else "integer"} \
             .get(kinds, "raw (bf16/fp8/byte) or integer")
@@ -93,6 +95,8 @@ def device_ptr(obj, name: str, *, itemsize: int, shape: tuple | None = None,
     ptr = int(data[0])
     if ptr == 0 and int(np.prod(got_shape, dtype=np.int64)) > 0:
         raise ValueError(f"{name}: null data pointer")
+    if not 0 <= ptr < 1 << 64:  # the kernel's pointer field would wrap it to another address
+        raise ValueError(f"{name}: the interface's data pointer {ptr:#x} is not a 64-bit device address")
     if writable and data[1]:
         raise ValueError(f"{name}: the buffer is read-only, and the kernels write it")
     return _aligned(ptr, name, align), got_shape

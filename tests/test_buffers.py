@@ -40,6 +40,10 @@ def test_device_ptr_accepts_raw_addresses_and_interfaces():
         (FakeCAI((4, 16, 576), "<u2", strides=(2, 8, 128)), {"shape": (4, 16, 576)}, ValueError,
          "C-contiguous"),
         (FakeCAI((4, 16, 576), "<u2", ptr=0), {}, ValueError, "null data"),
+        # the kernel's 64-bit pointer field would wrap these to other addresses
+        (FakeCAI((4, 16, 576), "<u2", ptr=2**64 + 16), {}, ValueError, "data pointer 0x10000000000000010 is not a 64-bit"),
+        (FakeCAI((4, 16, 576), "<u2", ptr=-16), {}, ValueError, "data pointer -0x10 is not a 64-bit"),
+        (FakeCAI((4, 16, 576), ">u2"), {}, TypeError, "big-endian"),
     ],
 )
 def test_device_ptr_rejects_bad_buffers(obj, kwargs, exc, words):
