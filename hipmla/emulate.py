@@ -26,7 +26,7 @@ import numpy as np
 
 from hipmla.formats import FP8_VARIANTS, KVCache, mx_fake_quantize, to_bf16
 from hipmla.paging import KvLayout, as_layout
-from hipmla.reference import D_V, check_q
+from hipmla.reference import D_V, check_q, select_seqs
 from hipmla.schedule import SplitPolicy, row_shape, schedule
 from hipmla.validate import check_choice, check_positive_finite
 
@@ -272,7 +272,7 @@ def emulate_decode(
         if fast_any_length or policy.fast_tile:
             raise ValueError("products: the fast schedules take bf16 products only")
         qq = f16_q(qq)
-    sel = np.arange(layout.batch) if seqs is None else np.asarray(seqs, dtype=np.int64)
+    sel = select_seqs(seqs, layout.batch)
     lens = layout.seq_lens()
     items = schedule(lens, policy, q_lens=nq, head_groups=sched_groups, row_tokens=row_tokens)
     tokens = [np.arange(qo[b], qo[b + 1]) for b in sel]

@@ -14,7 +14,7 @@ import numpy as np
 from hipmla.formats import KV_FORMATS, KVCache, default_scale_stride, quantize_kv
 from hipmla.paging import KvLayout
 from hipmla.queries import MAX_Q_LEN
-from hipmla.reference import D_QK, HEADS
+from hipmla.reference import D_QK, HEADS, select_seqs
 from hipmla.validate import check_choice
 
 BENCH_BATCH_SIZES = (4, 32, 64, 256)
@@ -133,19 +133,6 @@ def _check_heads(heads) -> int:
     return int(heads)
 
 
-def _check_seqs(seqs, batch: int) -> np.ndarray:
-    sel = np.asarray(seqs)
-    if sel.ndim != 1 or sel.shape[0] < 1:
-        raise ValueError(f"seqs: expected a 1-D sequence of >= 1 sequence indices, got shape {sel.shape}")
-    if not np.issubdtype(sel.dtype, np.integer):
-        raise TypeError(f"seqs: expected integer sequence indices, got dtype {sel.dtype}")
-    sel = sel.astype(np.int64)
-    if sel.min() < 0 or sel.max() >= batch:
-        bad = int(sel[(sel < 0) | (sel >= batch)][0])
-        raise ValueError(f"seqs: indices must lie in [0, {batch}), got {bad}")
-    return sel
-
-
 def make_sampled_inputs(
     seq_lens,
     seqs,
@@ -182,7 +169,7 @@ def make_sampled_inputs(
     check_choice(kv_format, "kv_format", KV_FORMATS)
     seed = _check_seed(seed)
     lens = check_lens(seq_lens)
-    sel = _check_seqs(seqs, lens.shape[0])
+    sel = select_seqs(seqs, lens.shape[0], allow_empty=False)
     sub_lens = lens[sel]
     layout = KvLayout.contiguous(sub_lens)
     if q_len > 1:

@@ -85,9 +85,7 @@ def mla_decode_reference(
     layout.check_cache(kv.rows)
     scale = check_positive_finite(sm_scale, "sm_scale")
     d_v = check_int(d_v, "d_v", 1, kv.dim)
-    sel = np.arange(batch) if seqs is None else check_seqs(seqs)
-    if sel.size and (sel.min() < 0 or sel.max() >= batch):
-        raise ValueError(f"seqs: indices must lie in [0, {batch}), got {sel.min()}..{sel.max()}")
+    sel = select_seqs(seqs, batch)
     heads = qf.shape[1]
     tokens = np.concatenate([np.arange(qo[b], qo[b + 1]) for b in sel]) if sel.size else np.zeros(0, np.int64)
     out = np.zeros((tokens.size, heads, d_v), dtype=np.float32)
@@ -114,14 +112,23 @@ def mla_decode_reference(
     return (out, lse, mag) if magnitude else (out, lse)
 
 
-def check_seqs(seqs, name: str = "seqs") -> np.ndarray:
-    """Sequence indices as int64, from integers only (0.5 must not become sequence 0)."""
+def select_seqs(seqs, batch: int, *, allow_empty: bool = True) -> np.ndarray:
+    """The sequence indices ``seqs`` of a batch of ``batch`` as int64 (all of them for
+    None): a 1-D list of integers (0.5 must not become sequence 0, -1 not the last one)
+    in ``[0, batch)``."""
+    if seqs is None:
+        return np.arange(batch, dtype=np.int64)
     arr = np.asarray(seqs)
-    if arr.ndim > 1:
-        raise ValueError(f"{name}: expected a 1-D list of sequence indices, got shape {arr.shape}")
+    if arr.ndim != 1 or (arr.size == 0 and not allow_empty):
+        want = "a 1-D sequence of sequence indices" + ("" if allow_empty else " (>= 1)")
+        raise ValueError(f"seqs: expected {want}, got shape {arr.shape}")
     if arr.size and (arr.dtype == np.bool_ or not np.issubdtype(arr.dtype, np.integer)):
-        raise TypeError(f"{name}: expected integer sequence indices, got dtype {arr.dtype}")
-    return arr.astype(np.int64).reshape(-1)
+        raise TypeError(f"seqs: expected integer sequence indices, got dtype {arr.dtype}")
+    sel = arr.astype(np.int64)
+    bad = sel[(sel < 0) | (sel >= batch)]
+    if bad.size:
+        raise ValueError(f"seqs: indices must lie in [0, {batch}), got {int(bad[0])}")
+    return sel
 
 
 def merge_states(

@@ -176,6 +176,25 @@ def test_argument_errors():
         emulate_decode(inp.q, inp.kv, inp.layout, 0.1, policy, q_precision="fp4")
 
 
+@pytest.mark.parametrize("seqs, exc, match", [
+    ([-1], ValueError, r"seqs: indices must lie in \[0, 3\), got -1"),  # not the last sequence
+    ([-2], ValueError, r"got -2"),
+    ([3], ValueError, r"got 3"),
+    ([0.7], TypeError, r"seqs: expected integer sequence indices"),  # not sequence 0
+    ([True], TypeError, r"seqs: expected integer"),
+    ([[0, 1]], ValueError, r"seqs: expected a 1-D sequence"),
+])
+def test_seqs_are_checked_as_the_reference_checks_them(seqs, exc, match):
+    inp = make_inputs([3, 4, 5], "bf16", seed=25, heads=2)
+    policy = SplitPolicy.for_device(8)
+    for run in (lambda: emulate_decode(inp.q, inp.kv, inp.layout, 0.1, policy, seqs=seqs),
+                lambda: mla_decode_reference(inp.q, inp.kv, inp.layout, 0.1, seqs=seqs)):
+        with pytest.raises(exc, match=match):
+            run()
+    out, lse = emulate_decode(inp.q, inp.kv, inp.layout, 0.1, policy, seqs=[])
+    assert out.shape == (0, 2, 512) and lse.shape == (0, 2)
+
+
 # --- the gfx950 fast path (whole 128-token tiles, four waves per tile) ---------------
 
 FAST_LENS = [1000, 5, 0, 4096, 128, 300]

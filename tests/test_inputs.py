@@ -147,7 +147,7 @@ def test_sampled_inputs_options_and_empty():
 @pytest.mark.parametrize("seqs, kw, exc, match", [
     ([4], {}, ValueError, r"seqs: indices must lie in \[0, 4\), got 4"),
     ([-1], {}, ValueError, r"seqs: indices must lie in \[0, 4\), got -1"),
-    ([], {}, ValueError, r"seqs: expected a 1-D sequence of >= 1"),
+    ([], {}, ValueError, r"seqs: expected a 1-D sequence of sequence indices \(>= 1\)"),
     ([[0]], {}, ValueError, r"seqs: expected a 1-D sequence"),
     ([0.5], {}, TypeError, r"seqs: expected integer sequence indices"),
     ([0], {"seed": -1}, ValueError, r"seed: expected an integer >= 0, got -1"),
