@@ -162,7 +162,7 @@ class Decoder:
             raise ValueError(f"device: expected a device index >= 0, got {device}")
         sm_scale = check_positive_finite(sm_scale, "sm_scale")
         with np.errstate(over="ignore", under="ignore"):  # _f32 rejects what does not fit
-            _f32(float(np.float32(sm_scale) * LOG2E), "sm_scale")
+            _f32(float(np.float32(sm_scale) * LOG2E), "sm_scale", f"{sm_scale!r} times log2(e)")
         DecoderConfig(kv_format, sm_scale, heads=heads)  # the arguments, before any device call
         check_stream(stream)
         if not isinstance(placement, bool):
@@ -577,12 +577,14 @@ def _extent(shape: tuple | None) -> int:
     return min(shape[0], INT32_MAX) if shape[0] > 0 else EXTENT_EMPTY
 
 
-def _f32(value: float, name: str) -> float:
-    """``value`` as the kernel's f32 receives it: finite and not flushed to zero."""
+def _f32(value: float, name: str, came: str | None = None) -> float:
+    """``value`` as the kernel's f32 receives it: finite and not flushed to zero. ``came``:
+    what the caller passed, where ``value`` is derived from it."""
     with np.errstate(over="ignore", under="ignore"):  # the range check below says it
         v = np.float32(value)
     if not np.isfinite(v) or v == 0 or abs(v) < np.finfo(np.float32).tiny:
-        raise ValueError(f"{name}: {value!r} is outside the range of the kernel's float32 "
+        shown = repr(value) if came is None else f"{came} ({value!r} as the kernel takes it)"
+        raise ValueError(f"{name}: {shown} is outside the range of the kernel's float32 "
                          f"(normal magnitudes {np.finfo(np.float32).tiny:.3g} .. {np.finfo(np.float32).max:.3g})")
     return float(v)
 

@@ -6,6 +6,8 @@ says what was expected and what came.
 
 from __future__ import annotations
 
+import math
+import numbers
 from typing import Sequence
 
 import numpy as np
@@ -91,12 +93,14 @@ def check_indptr(kv_indptr, name: str = "kv_indptr", total_rows: int | None = No
 
 
 def check_positive_finite(value, name: str) -> float:
-    if isinstance(value, (bool, np.bool_)):
-        raise TypeError(f"{name}: expected a real number, got {value!r}")
+    """A real number (an int, a float or a numpy scalar of either; not a bool, and not text
+    that float() would parse) that is finite and > 0 as a float."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name}: expected a real number, got {type(value).__name__} {value!r}")
     try:
         v = float(value)
-    except (TypeError, ValueError):
-        raise TypeError(f"{name}: expected a real number, got {type(value).__name__} {value!r}") from None
+    except OverflowError:  # an int past float's range
+        v = math.inf
     if not np.isfinite(v) or v <= 0:
         raise ValueError(f"{name}: expected a finite number > 0, got {value!r}")
     return v

@@ -653,7 +653,17 @@ def test_close_frees_the_scratch_and_later_runs_refuse(monkeypatch):
 
 def _sm_scale_cases():
     return [(1e39, ValueError), (1e-50, ValueError), (-1.0, ValueError), (0.0, ValueError),
-            (float("nan"), ValueError), (float("inf"), ValueError), (None, TypeError), ("x", TypeError)]
+            (float("nan"), ValueError), (float("inf"), ValueError), (None, TypeError), ("x", TypeError),
+            ("0.5", TypeError), (b"0.5", TypeError), (10**400, ValueError)]
+
+
+def test_an_sm_scale_outside_f32_is_named_with_the_value_that_came(monkeypatch):
+    """Not the derived sm_scale * log2(e) alone: the caller passed 3e38 (or 1e-40)."""
+    fake_runtime(monkeypatch, "sm_90")
+    with pytest.raises(ValueError, match=r"^sm_scale: 3e\+38 times log2\(e\) \(inf as the kernel takes it\) is outside"):
+        decode.Decoder("mxfp4", 3e38)
+    with pytest.raises(ValueError, match=r"^sm_scale: 1e-40 times log2\(e\) \("):
+        decode.Decoder("mxfp4", 1e-40)
 
 
 @pytest.mark.parametrize("sm_scale, exc", _sm_scale_cases(), ids=lambda v: repr(v))

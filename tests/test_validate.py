@@ -83,10 +83,12 @@ def test_check_positive_finite():
     assert check_positive_finite(0.5, "sm_scale") == 0.5
     assert check_positive_finite(np.float32(2), "sm_scale") == 2.0
     assert isinstance(check_positive_finite(3, "sm_scale"), float)
-    for bad in (0, -1.0, float("nan"), float("inf"), -float("inf")):
+    assert check_positive_finite(np.int64(3), "sm_scale") == 3.0
+    for bad in (0, -1.0, float("nan"), float("inf"), -float("inf"), 10**400, np.float64("nan")):
         with pytest.raises(ValueError, match=r"^sm_scale: expected a finite number > 0, got"):
             check_positive_finite(bad, "sm_scale")
-    for bad in (None, "abc", [1.0]):
+    # text float() would parse is no number; nor is a bool or a complex
+    for bad in (None, "abc", "0.5", b"0.5", [1.0], True, np.True_, 1 + 0j):
         with pytest.raises(TypeError, match=r"^sm_scale: expected a real number, got"):
             check_positive_finite(bad, "sm_scale")
 
