@@ -359,7 +359,7 @@ class Decoder:
                    type(page_size), page_size, type(fp8_scale), fp8_scale, type(kv_scale_stride), kv_scale_stride,
                    type(batch), batch,
                    qo_indptr if qo_indptr is None or type(qo_indptr) is int else keyers[type(qo_indptr)](qo_indptr),
-                   type(q_tokens), q_tokens, s)
+                   type(q_tokens), q_tokens, s, type(s) is runtime.Stream and s.closed)
         except Exception:  # noqa: BLE001 - an argument that is no buffer: the full check refuses it
             key = None
         if key is None or key != self._last_key:
@@ -593,7 +593,11 @@ def check_stream(stream, name: str = "stream"):
     """What the launch takes for ``stream``: None (the null stream), a :class:`runtime.Stream`,
     a raw handle (int >= 0 or a hip-python stream), or a torch/CuPy-style stream object
     (its ``cuda_stream`` / ``ptr`` handle, or ``__cuda_stream__()``)."""
-    if stream is None or isinstance(stream, runtime.Stream):
+    if stream is None:
+        return stream
+    if isinstance(stream, runtime.Stream):
+        if stream.closed:
+            raise ValueError(f"{name}: this hipmla.runtime.Stream was closed (its handle is destroyed)")
         return stream
     if isinstance(stream, (int, np.integer)) and not isinstance(stream, bool):
         if not 0 <= stream < 1 << 64:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import ctypes
 import math
 import re
+import types
 import warnings
 from collections import Counter
 from dataclasses import dataclass
@@ -15,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
-from hipmla import buffers, decode, kernels
+from hipmla import buffers, decode, kernels, runtime
 from hipmla.emulate import LOG2E
 from hipmla.paging import PAGE_SIZES, random_page_table
 
@@ -183,7 +184,6 @@ class FakeGPU:
 
 def fake_runtime(monkeypatch, arch: str, num_cus: int = NUM_CUS, platform: str = "amd") -> FakeGPU:
     """Fake the runtime under a Decoder: launches are recorded, nothing touches a GPU."""
-    from hipmla import runtime
 
     gpu = FakeGPU()
     info = runtime.DeviceInfo(index=0, name="fake", arch=arch, arch_full=arch, platform=platform,
@@ -372,6 +372,27 @@ def test_changing_the_decoders_stream_takes_effect(monkeypatch):
     dec.run(**args(), stream=333)
     dec.run(**args())
     assert [l.stream for l in gpu.launches] == [111, 222, 333, 222]
+
+
+def test_a_closed_stream_is_refused_also_after_a_step_ran_on_it(monkeypatch):
+    """A step enqueued on a destroyed handle is lost work (or another stream's, once the
+    handle is reused): refused before the launch, also when the same arguments skipped
+    the checks the step before."""
+    gpu, dec = make(monkeypatch)
+    monkeypatch.setattr(runtime, "hip", types.SimpleNamespace(hipStreamCreate=lambda: (0, 0xBEEF),
+                                                              hipStreamDestroy=lambda h: (0,)))
+    stream = runtime.Stream()
+    dec.run(**args(), stream=stream)
+    stream.close()
+    for _ in range(2):
+        with pytest.raises(ValueError, match=r"^stream: this hipmla.runtime.Stream was closed"):
+            dec.run(**args(), stream=stream)
+    dec.stream = stream  # as the decoder's own stream too
+    with pytest.raises(ValueError, match=r"^stream: .*closed"):
+        dec.run(**args())
+    with pytest.raises(ValueError, match=r"^stream: .*closed"):
+        runtime.streams._stream_handle(stream)
+    assert len(gpu.launches) == 1 and runtime.Stream.null().closed is False
 
 
 def test_launches_get_their_own_copy_of_the_parameters(monkeypatch):
@@ -613,7 +634,6 @@ def test_a_scratch_larger_than_the_device_is_refused_before_allocating(monkeypat
 
 
 def test_failed_scratch_growth_keeps_the_old_scratch(monkeypatch):
-    from hipmla import runtime
 
     gpu, dec = make(monkeypatch, max_batch=4)
     (before,) = gpu.buffers
@@ -857,7 +877,6 @@ def test_host_q_without_batch_is_reported_as_a_bad_q(monkeypatch):
 
 
 def test_failed_counter_reset_frees_the_new_scratch(monkeypatch):
-    from hipmla import runtime
 
     gpu, dec = make(monkeypatch, max_batch=4)
 
@@ -922,7 +941,6 @@ def test_the_kernels_get_the_extent_of_every_array_they_index(monkeypatch):
 
 
 def test_check_errors_names_each_kind_and_clears(monkeypatch):
-    from hipmla import runtime
 
     gpu, dec = make(monkeypatch)
     word = {"bits": 0}
@@ -945,7 +963,6 @@ def test_check_errors_names_each_kind_and_clears(monkeypatch):
 def test_decode_raises_what_the_device_found(monkeypatch):
     """The numpy path waits for its step anyway: an error the device recorded raises there,
     not as NaN output and a word a later check_errors() would blame on a later step."""
-    from hipmla import runtime
     from hipmla.inputs import make_inputs
 
     gpu, dec = make(monkeypatch, max_batch=2)

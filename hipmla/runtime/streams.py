@@ -14,7 +14,11 @@ from hipmla.runtime.library import _Owned, _ensure_runtime, check
 
 def _stream_handle(stream):
     """None, a :class:`Stream` or a raw handle (int or hip-python object) -> raw."""
-    return stream.handle if isinstance(stream, Stream) else stream
+    if isinstance(stream, Stream):
+        if stream.closed:
+            raise ValueError("stream: this hipmla.runtime.Stream was closed (its handle is destroyed)")
+        return stream.handle
+    return stream
 
 
 class Stream(_Owned):
@@ -24,6 +28,8 @@ class Stream(_Owned):
     stream. Functions that take a stream also accept such a raw handle directly, so an
     embedding runtime can pass its own stream without wrapping it.
     """
+
+    closed = False  # set by close(): work enqueued on a destroyed handle would be lost or worse
 
     def __init__(self):
         _ensure_runtime()
@@ -46,6 +52,7 @@ class Stream(_Owned):
     def close(self) -> None:
         if self._owned:
             self._owned = False
+            self.closed = True
             check(runtime.hip.hipStreamDestroy(self.handle))
 
     def _live(self) -> bool:
