@@ -416,6 +416,8 @@ class Decoder:
         p.kv_rows = _extent(kv_shape)
         p.n_indices = 0
         if kv_indices is None and kv_last_page_len is None:
+            if isinstance(page_size, (bool, np.bool_)) or not isinstance(page_size, (int, np.integer)):
+                raise TypeError(f"page_size: expected an int, got {type(page_size).__name__} {page_size!r}")
             if page_size != 1:
                 raise ValueError(f"page_size: {page_size!r} given without a page table "
                                  f"(kv_indices, kv_last_page_len)")
@@ -446,10 +448,14 @@ class Decoder:
             if kv_shape is None and scale_shape is not None:
                 p.kv_rows = _extent(scale_shape)
             p.stride_kv_scale = stride
+            if fp8_scale is not None:
+                raise ValueError("fp8_scale: only the fp8 format has a per-tensor scale, this decoder reads mxfp4")
             p.kv_fp8_scale = 1.0
         else:
             if kv_scale is not None:
                 raise ValueError(f"kv_scale: only the mxfp4 format has block scales, this decoder reads {fmt}")
+            if kv_scale_stride is not None:
+                raise ValueError(f"kv_scale_stride: only the mxfp4 format has block scales, this decoder reads {fmt}")
             p.kv_scale = 0
             p.stride_kv_scale = 0
             if fmt == "fp8":
@@ -462,6 +468,9 @@ class Decoder:
                 _f32(float(product),
                      f"fp8_scale: {fp8_scale!r} times the decoder's sm_scale * log2(e) ({p.sm_scale_log2!r})")
             else:
+                if fp8_scale is not None:
+                    raise ValueError(f"fp8_scale: only the fp8 format has a per-tensor scale, "
+                                     f"this decoder reads {fmt}")
                 p.kv_fp8_scale = 1.0
         p.batch = b
         p.q_tokens = t_q

@@ -740,6 +740,16 @@ BAD_RUNS = [
     ("bf16", lambda: args(kv_format="bf16", kv_scale=FakeCAI((400, 24), "|u1", ADDR["kv_scale"])),
      ValueError, "kv_scale"),
     ("bf16", lambda: args(kv_format="bf16", kv=FakeCAI((400, D_QK), "|u1", ADDR["kv"])), TypeError, "kv"),
+    # a scalar of another format is a mix-up, not a no-op
+    ("bf16", lambda: args(kv_format="bf16", fp8_scale=0.5), ValueError, "fp8_scale"),
+    ("mxfp4", lambda: args(fp8_scale=0.5), ValueError, "fp8_scale"),
+    ("bf16", lambda: args(kv_format="bf16", kv_scale_stride=24), ValueError, "kv_scale_stride"),
+    ("fp8", lambda: args(kv_format="fp8", kv_scale_stride=-7), ValueError, "kv_scale_stride"),
+    # without a page table the page size is 1, an int
+    ("bf16", lambda: args(kv_format="bf16", page_size=1.0), TypeError, "page_size"),
+    ("bf16", lambda: args(kv_format="bf16", page_size=True), TypeError, "page_size"),
+    ("bf16", lambda: args(kv_format="bf16", page_size=None), TypeError, "page_size"),
+    ("bf16", lambda: args(kv_format="bf16", page_size=16), ValueError, "page_size"),
     ("bf16", lambda: args(kv_format="bf16", kv=FakeCAI((400, D_QK), "<f2", ADDR["kv"])), TypeError, "kv"),
 ]
 
