@@ -133,6 +133,8 @@ def interface_of(obj, name: str) -> dict | None:
         cai = obj.__cuda_array_interface__
     except AttributeError:
         cai = None
+    except ValueError as e:  # a buffer that cannot describe itself (a freed DeviceArray): say which argument
+        raise ValueError(f"{name}: {e}") from None
     except TypeError:  # torch: bf16 and fp8 tensors have no typestr; their DLPack names them
         if not callable(getattr(obj, "__dlpack__", None)):
             raise

@@ -520,6 +520,9 @@ class Decoder:
         if q.dtype != ml_dtypes.bfloat16:
             raise TypeError(f"q: the device path takes bfloat16 Q, got {q.dtype}")
         b, t_q = layout.batch, q.shape[0]
+        if t_q == 0:  # sequences with no query tokens this step: nothing to compute or launch
+            return (np.zeros((0, self.config.heads, kernels.D_V), ml_dtypes.bfloat16),
+                    np.zeros((0, self.config.heads), np.float32))
         self.reserve(b, t_q)
         host = [q.view(np.uint16), kv.data, np.ascontiguousarray(layout.kv_indptr, dtype=np.int32)]
         if layout.paged:
@@ -666,6 +669,9 @@ def _scale_stride(kv_scale, kv_scale_stride: int | None) -> int:
     if kv_scale_stride is not None and stride != kv_scale_stride:
         raise ValueError(f"kv_scale_stride: {kv_scale_stride} disagrees with kv_scale's shape ({stride})")
     if not kernels.D_QK // 32 <= stride <= INT32_MAX:
+        if shape is not None:  # the stride is the buffer's own: its shape is what is wrong
+            raise ValueError(f"kv_scale: expected rows of {kernels.D_QK // 32} .. {INT32_MAX} E8M0 bytes "
+                             f"(a scale a 32-value block), got shape {shape}")
         raise ValueError(f"kv_scale_stride: expected {kernels.D_QK // 32} .. {INT32_MAX}, got {stride}")
     return int(stride)
 

@@ -1157,6 +1157,32 @@ def test_decode_refuses_a_sequence_shorter_than_its_query_tokens(monkeypatch):
     assert not gpu.launches
 
 
+def test_decode_of_a_step_without_query_tokens_is_empty_and_launches_nothing(monkeypatch):
+    """As the reference and the emulator answer it, not a complaint about max_q_tokens."""
+    import ml_dtypes
+
+    from hipmla.formats import quantize_kv
+
+    gpu, dec = make(monkeypatch, kv_format="bf16")
+    kv = quantize_kv(np.ones((16, D_QK), np.float32), "bf16")
+    out, lse = dec.decode(np.zeros((0, 16, D_QK), ml_dtypes.bfloat16), kv, np.array([0, 5, 9]),
+                          qo_indptr=np.array([0, 0, 0]))
+    assert out.shape == (0, 16, D_V) and out.dtype == ml_dtypes.bfloat16 and lse.shape == (0, 16)
+    assert not gpu.launches
+
+
+def test_messages_name_the_argument_at_fault(monkeypatch):
+    gpu, dec = make(monkeypatch)
+    # a stride taken from the buffer's shape: the shape is what is wrong
+    with pytest.raises(ValueError, match=r"^kv_scale: expected rows of 18 .. \d+ E8M0 bytes.*\(400, 17\)"):
+        dec.run(**args(kv_scale=FakeCAI((400, 17), "|u1", ADDR["kv_scale"])))
+    lse = runtime.DeviceArray((2, H), np.float32, ptr=ADDR["lse"])
+    lse.free()
+    with pytest.raises(ValueError, match=r"^lse: DeviceArray: the memory was freed"):
+        dec.run(**args(lse=lse))
+    assert not gpu.launches
+
+
 def test_reserve_grows_for_query_tokens(monkeypatch):
     gpu, dec = make(monkeypatch, max_batch=4)
     assert dec.max_q_tokens == 4
