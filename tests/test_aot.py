@@ -398,6 +398,31 @@ def test_compile_source_reuses_an_identical_build(tmp_path):
     assert other != first
 
 
+@needs_clang
+def test_a_broken_object_is_rebuilt_and_never_found(monkeypatch, tmp_path):
+    """An object emptied or overwritten since its build (a full disk, a copy gone wrong) is
+    built again, and the runtime's lookup passes over it: hiprtc would load an empty blob."""
+    source = lds_kernel("tiny", 4096, 256)
+    co = aot.compile_source(source, "tiny", "gfx950", ["-DSCALE=1"], tmp_path)
+    good = co.read_bytes()
+    monkeypatch.setenv("HIPMLA_AOT_DIR", str(tmp_path))
+    monkeypatch.setattr(aot, "DEFAULT_AOT_DIR", tmp_path / "package-aot")
+    for broken in (b"", b"not an object"):
+        co.write_bytes(broken)
+        assert aot.find_prebuilt(FakeSpec("tiny"), "gfx950", source, ["-DSCALE=1"]) is None
+        assert aot.compile_source(source, "tiny", "gfx950", ["-DSCALE=1"], tmp_path) == co
+        assert co.read_bytes()[:4] == b"\x7fELF" and len(co.read_bytes()) == len(good)
+
+
+@needs_clang
+def test_a_compiler_that_writes_nothing_is_a_compile_error(monkeypatch, tmp_path):
+    monkeypatch.setenv("HIPMLA_CLANG", "/bin/true")
+    monkeypatch.setattr(aot.toolchain, "compiler_version", lambda clang: "true")
+    with pytest.raises(aot.CompileError, match="clang exited 0 but wrote no code object"):
+        aot.compile_source(lds_kernel("tiny", 4096, 256), "tiny", "gfx950", ["-DSCALE=1"], tmp_path)
+    assert not list(tmp_path.iterdir())
+
+
 def test_compile_source_rejects_unknown_arch(tmp_path):
     with pytest.raises(ValueError, match="arch: expected one of .* got 'sm_90'"):
         aot.compile_source("", "k", "sm_90", [], tmp_path)
@@ -444,14 +469,41 @@ def test_find_prebuilt_ignores_the_compiler_but_not_the_key(monkeypatch, tmp_pat
     key = aot.object_key("src", ["-DA=1"], "gfx942")
     old = tmp_path / f"k-gfx942-{key}-aaaaaaaaaaaaaaaa.co"
     new = tmp_path / f"k-gfx942-{key}-bbbbbbbbbbbbbbbb.co"
-    old.write_bytes(b"old")
-    new.write_bytes(b"new")
+    old.write_bytes(b"\x7fELF old")
+    new.write_bytes(b"\x7fELF new")
     os.utime(old, (1, 1))
-    assert aot.find_prebuilt(FakeSpec("k"), "gfx942", "src", ["-DA=1"]) == b"new"
+    assert aot.find_prebuilt(FakeSpec("k"), "gfx942", "src", ["-DA=1"]) == b"\x7fELF new"
     assert aot.find_prebuilt(FakeSpec("k"), "gfx942", "src ", ["-DA=1"]) is None
+    new.write_bytes(b"")  # the newest is empty: the older build serves
+    assert aot.find_prebuilt(FakeSpec("k"), "gfx942", "src", ["-DA=1"]) == b"\x7fELF old"
 
 
 # --- CLI -----------------------------------------------------------------------------------
+
+
+def test_main_expands_out_and_names_it_when_it_cannot_write(monkeypatch, capsys, tmp_path):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    calls = []
+    monkeypatch.setattr(aot.cli, "build_all", lambda archs, out_dir, jobs: calls.append(out_dir) or [CLEAN])
+    assert aot.main(["--arch", "gfx950", "--out", "~/objs"]) == 0
+    assert calls == [tmp_path / "objs"]  # as a shell would, not a folder named '~'
+    capsys.readouterr()
+    a_file = tmp_path / "a_file"
+    a_file.write_text("")
+
+    def cannot_write(archs, out_dir, jobs):
+        raise FileExistsError(17, "File exists", str(out_dir))
+
+    monkeypatch.setattr(aot.cli, "build_all", cannot_write)
+    assert aot.main(["--arch", "gfx950", "--out", str(a_file)]) == 2
+    assert f"hipmla build: --out {a_file}: File exists" in capsys.readouterr().err
+
+    def tool_failed(archs, out_dir, jobs):
+        raise RuntimeError("llvm-readelf --notes k.co exited 1: not a valid object file")
+
+    monkeypatch.setattr(aot.cli, "build_all", tool_failed)
+    assert aot.main(["--arch", "gfx950", "--out", str(tmp_path)]) == 2  # a message, not a traceback
+    assert "hipmla build: llvm-readelf --notes k.co exited 1" in capsys.readouterr().err
 
 
 def test_main_prints_the_report_and_fails_on_violations(monkeypatch, capsys, tmp_path):
@@ -515,15 +567,15 @@ def test_prebuilt_objects_are_found_in_the_default_out_dir(monkeypatch, tmp_path
     default = aot.default_aot_dir()
     default.mkdir(parents=True)
     key = aot.object_key("src", ["-DA=1"], "gfx950")
-    (default / f"k-gfx950-{key}-aaaaaaaaaaaaaaaa.co").write_bytes(b"from the cache")
+    (default / f"k-gfx950-{key}-aaaaaaaaaaaaaaaa.co").write_bytes(b"\x7fELF from the cache")
     assert aot.search_dirs() == [default, aot.PACKAGE_AOT_DIR]
-    assert aot.find_prebuilt(FakeSpec("k"), "gfx950", "src", ["-DA=1"]) == b"from the cache"
+    assert aot.find_prebuilt(FakeSpec("k"), "gfx950", "src", ["-DA=1"]) == b"\x7fELF from the cache"
     explicit = tmp_path / "explicit"
     explicit.mkdir()
-    (explicit / f"k-gfx950-{key}-bbbbbbbbbbbbbbbb.co").write_bytes(b"from HIPMLA_AOT_DIR")
+    (explicit / f"k-gfx950-{key}-bbbbbbbbbbbbbbbb.co").write_bytes(b"\x7fELF from HIPMLA_AOT_DIR")
     monkeypatch.setenv("HIPMLA_AOT_DIR", str(explicit))
     assert aot.search_dirs()[:2] == [explicit, default]
-    assert aot.find_prebuilt(FakeSpec("k"), "gfx950", "src", ["-DA=1"]) == b"from HIPMLA_AOT_DIR"
+    assert aot.find_prebuilt(FakeSpec("k"), "gfx950", "src", ["-DA=1"]) == b"\x7fELF from HIPMLA_AOT_DIR"
 
 
 def test_build_rejects_bad_arguments(capsys):

@@ -57,6 +57,8 @@ def find_prebuilt(spec: KernelSpec, arch: str, source_text: str, options: Sequen
     pattern = f"{glob.escape(spec.symbol)}-{processor}-{key}-*.co"
     for d in search_dirs():
         found = sorted(d.glob(pattern), key=lambda p: p.stat().st_mtime, reverse=True)
-        if found:
-            return found[0].read_bytes()
+        for path in found:
+            code = path.read_bytes()
+            if code[:4] == b"\x7fELF":  # an empty or overwritten file is no build: hiprtc builds instead
+                return code
     return None

@@ -193,7 +193,9 @@ def compile_source(
     stem = f"{symbol}-{arch}-{object_key(source_text, options, arch)}-{_digest(compiler_version(clang))}"
     target = out_dir / f"{stem}.co"
     if target.is_file():
-        return target
+        if is_code_object(target):
+            return target
+        target.unlink()  # truncated or overwritten since it was built: build it again
 
     with tempfile.TemporaryDirectory(prefix="hipmla-aot-") as tmp:
         tu = Path(tmp, f"{symbol}.hip")
@@ -210,8 +212,22 @@ def compile_source(
         if proc.returncode != 0:
             partial.unlink(missing_ok=True)
             raise CompileError(f"{symbol} for {arch}: clang exited {proc.returncode}", cmd, proc.stderr)
+        if not is_code_object(partial):
+            partial.unlink(missing_ok=True)
+            raise CompileError(f"{symbol} for {arch}: clang exited 0 but wrote no code object (an ELF file)",
+                               cmd, proc.stderr)
         os.replace(partial, target)
     return target
+
+
+def is_code_object(path: Path) -> bool:
+    """Whether ``path`` starts as a code object does (an ELF header): an empty or
+    overwritten file must be neither reused nor loaded."""
+    try:
+        with open(path, "rb") as f:
+            return f.read(4) == b"\x7fELF"
+    except OSError:
+        return False
 
 
 def compile_offline(spec: KernelSpec, arch: str, out_dir: Path) -> Path:
