@@ -43,7 +43,6 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from functools import lru_cache
-from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
@@ -51,6 +50,7 @@ import numpy as np
 from hipmla.formats import default_scale_stride
 from hipmla.reference import D_QK, D_V, HEADS
 from hipmla.schedule import SplitPolicy, schedule
+from hipmla.validate import folder_arg
 
 if TYPE_CHECKING:  # aot imports this module; the counts type is only needed for hints
     from hipmla.aot import LoopCounts
@@ -723,7 +723,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--arch", default="gfx950,gfx942",
                         help="comma-separated AMD targets to predict (default: gfx950,gfx942); 'none': the "
                              "H200 calibration alone, no clang needed")
-    parser.add_argument("--out", type=Path, default=None,
+    parser.add_argument("--out", type=folder_arg, default=None,
                         help="folder of the code objects (default: where 'python -m hipmla build' writes)")
     args = parser.parse_args(argv)
     archs = [] if args.arch.strip() == "none" else [a.strip() for a in args.arch.split(",") if a.strip()]

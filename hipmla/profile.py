@@ -13,6 +13,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from hipmla.validate import folder_arg
+
 log = logging.getLogger("hipmla")
 
 
@@ -60,7 +62,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("--shape", default="64x8k", type=_shape, help="a benchmark shape (default: 64x8k)")
     p.add_argument("--format", default="mxfp4", choices=KV_FORMATS)
     p.add_argument("--iters", type=positive_int, default=20)
-    p.add_argument("--out", type=Path, default=Path("rocprof_out"))
+    p.add_argument("--out", type=folder_arg, default=Path("rocprof_out"))
     p.add_argument("--dry-run", action="store_true", help="print the command line only")
     a = p.parse_args(argv)
     cmd = rocprof_command(a.shape, a.format, a.out, a.iters)

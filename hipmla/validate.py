@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import numbers
+from pathlib import Path
 from typing import Sequence
 
 import numpy as np
@@ -120,3 +121,9 @@ def check_choice(value, name: str, choices: Sequence[str]) -> str:
     if not isinstance(value, str) or value not in choices:  # never == on an array
         raise ValueError(f"{name}: expected one of {', '.join(map(repr, choices))}, got {value!r}")
     return value
+
+
+def folder_arg(text: str) -> Path:
+    """argparse type of an output folder: ``~`` expanded as a shell would (``--out=~/x``
+    reaches the program unexpanded), so every command's ``--out`` means the same place."""
+    return Path(text).expanduser()

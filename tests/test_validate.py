@@ -99,3 +99,11 @@ def test_check_choice():
         check_choice("int4", "format", ("bf16", "fp8"))
     with pytest.raises(ValueError, match=r"^format: .*got None$"):
         check_choice(None, "format", ("bf16", "fp8"))
+
+
+def test_folder_arg_expands_the_home_folder_as_a_shell_would(monkeypatch, tmp_path):
+    from hipmla.validate import folder_arg
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert folder_arg("~/out") == tmp_path / "out"
+    assert str(folder_arg("rel/out")) == "rel/out"

@@ -5,12 +5,12 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 
 from hipmla.aot.counts import fast_report
 from hipmla.aot.prebuilt import default_aot_dir
 from hipmla.aot.resources import build_all, check_budget, format_report
 from hipmla.aot.toolchain import CompileError, ToolchainNotFound
+from hipmla.validate import folder_arg
 
 
 def _positive_int(text: str) -> int:
@@ -31,15 +31,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--arch", default="gfx950,gfx942",
                         help="comma-separated targets (default: gfx950,gfx942)")
-    parser.add_argument("--out", type=Path, default=None,
+    parser.add_argument("--out", type=folder_arg, default=None,
                         help="folder for the code objects (default: $XDG_CACHE_HOME/hipmla/aot, "
                              "~/.cache/hipmla/aot; the runtime looks there and in $HIPMLA_AOT_DIR)")
     parser.add_argument("--jobs", type=_positive_int, default=2, help="compilers run at once (default: 2)")
     parser.add_argument("--report", action="store_true",
-                        help="also count the fast kernels' instructions per 128-token tile and print the "
-                             "performance model: its H200 calibration (predicted vs measured) and a "
-                             "PREDICTED time range per benchmark shape (MI355X for gfx950, MI300X for gfx942); "
-                             "'python -m hipmla model' prints the same without the resource table")
+                        help="also count the fast kernels' instructions per tile (gfx950: 128 tokens, "
+                             "gfx942: 16) and print the performance model: its H200 calibration (predicted vs "
+                             "measured) and a PREDICTED time range per benchmark shape (MI355X for gfx950, "
+                             "MI300X for gfx942); 'python -m hipmla model' prints the same without the resource table")
     args = parser.parse_args(argv)
     archs = [a.strip() for a in args.arch.split(",") if a.strip()]
     if not archs:
@@ -47,7 +47,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     out_dir = default_aot_dir() if args.out is None else args.out
     try:
         rows = build_all(archs, out_dir, args.jobs)
-    except (ToolchainNotFound, CompileError, ValueError, OSError) as e:  # OSError: an --out it cannot write
+    except OSError as e:  # an --out it cannot write
+        print(f"hipmla build: --out {out_dir}: {e.strerror or e}", file=sys.stderr)
+        return 2
+    except (ToolchainNotFound, CompileError, ValueError, RuntimeError) as e:  # RuntimeError: a tool that failed
         print(f"hipmla build: {e}", file=sys.stderr)
         return 2
     print(format_report(rows))
