@@ -1,6 +1,7 @@
 """Benchmark bookkeeping (CPU) and a short benchmark run (GPU)."""
 
 import json
+import re
 
 import pytest
 
@@ -47,6 +48,26 @@ def test_unknown_shape_is_an_argument_error(capsys, monkeypatch):
     with pytest.raises(SystemExit):
         bench.main(["--shapes", "5x5k"])
     assert "--shapes" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--device", "-1"], "--device"),
+    (["--out", "A_FILE"], "--out: .* is a file"),  # said before the run, not when it writes
+])
+def test_bench_arguments_are_checked_before_any_device_work(capsys, monkeypatch, tmp_path, argv, words):
+    a_file = tmp_path / "a_file"
+    a_file.write_text("")
+    monkeypatch.setattr(bench.runtime, "available", lambda: pytest.fail("the device was looked for"))
+    with pytest.raises(SystemExit):
+        bench.main([str(a_file) if a == "A_FILE" else a for a in argv])
+    assert re.search(words, capsys.readouterr().err)
+
+
+def test_a_trailing_comma_in_shapes_is_no_shape(capsys, monkeypatch):
+    """As check reads --shapes: '4x1k,' is 4x1k (the run stops at the device, none here)."""
+    monkeypatch.setattr(bench.runtime, "available", lambda: False)
+    assert bench.main(["--shapes", "4x1k,", "--format", "bf16"]) == 2
+    assert "no GPU reachable" in capsys.readouterr().err
 
 
 @pytest.mark.gpu

@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
 
 from hipmla import runtime
 from hipmla.bench.decode import BenchRow, print_table, run_bench, write_files
@@ -37,6 +36,7 @@ from hipmla.bench.probes import (PEAK_GBS_BY_ARCH, PEAK_GBS_BY_NAME, Timer, data
 from hipmla.bench.steps import bytes_moved, device_step, lens_step, ragged_mixes
 from hipmla.cli import int_at_least
 from hipmla.emulate import Q_PRECISIONS
+from hipmla.validate import folder_arg
 from hipmla.formats import KV_FORMATS
 from hipmla.inputs import benchmark_shapes
 
@@ -51,11 +51,11 @@ def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="python -m hipmla bench")
     p.add_argument("--format", default="all", choices=KV_FORMATS + ("all",))
     p.add_argument("--iters", type=int_at_least(1), default=100)
-    p.add_argument("--device", type=int, default=0)
+    p.add_argument("--device", type=int_at_least(0), default=0, metavar="N", help="device index (default 0)")
     p.add_argument("--no-torch", action="store_true", help="skip the torch bf16 peer comparison")
     p.add_argument("--shapes", default=None,
                    help="comma-separated subset, e.g. 4x1k,256x8k,rag64 (default: all)")
-    p.add_argument("--out", type=Path, default=None, help="folder for bench.json and bench.csv")
+    p.add_argument("--out", type=folder_arg, default=None, help="folder for bench.json and bench.csv")
     p.add_argument("--page-size", type=int, default=0,
                    help="0: contiguous cache (default); 1..128 (a power of two): a paged cache, pages in random order")
     p.add_argument("--q-precision", default="auto", choices=("auto",) + Q_PRECISIONS,
@@ -72,11 +72,13 @@ def main(argv: list[str]) -> int:
                     f"{', '.join(given)} would be ignored")
     # The arguments first, then the platform and the device: a typo is named on any machine.
     known = [s.name for s in benchmark_shapes()] + list(ragged_mixes())
-    only = set(a.shapes.split(",")) if a.shapes else None
+    only = {s.strip() for s in a.shapes.split(",") if s.strip()} if a.shapes else None  # as check reads it
     if only and not only <= set(known):
         p.error(f"--shapes: unknown {sorted(only - set(known))}; known: {', '.join(known)}")
     if a.page_size and a.page_size not in (1, 2, 4, 8, 16, 32, 64, 128):
         p.error(f"--page-size: expected 0 or a power of two in 1..128, got {a.page_size}")
+    if a.out is not None and a.out.exists() and not a.out.is_dir():  # before the run, not after it
+        p.error(f"--out: {str(a.out)!r} is a file; expected a folder (made if missing)")
     try:
         runtime.platform_choice()  # HIPMLA_PLATFORM: a bad value is an error, not "no GPU"
     except ValueError as e:
