@@ -50,7 +50,7 @@ import numpy as np
 from hipmla.formats import default_scale_stride
 from hipmla.reference import D_QK, D_V, HEADS
 from hipmla.schedule import SplitPolicy, schedule
-from hipmla.validate import folder_arg
+from hipmla.validate import arch_list_arg, folder_arg
 
 if TYPE_CHECKING:  # aot imports this module; the counts type is only needed for hints
     from hipmla.aot import LoopCounts
@@ -715,21 +715,20 @@ def calibration_report(amd_kernels: Sequence[KernelModel] = (), shapes: Sequence
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m hipmla model``: the calibration report; 2 when the AMD kernels cannot be counted."""
+    from hipmla.aot.occupancy import ARCH_LIMITS  # here: hipmla.aot imports this module
+
     parser = argparse.ArgumentParser(
         prog="python -m hipmla model",
         description="The performance model: its constants, the factors fitted to the H200 measurements of the "
                     "sm_90 kernel, predicted vs measured per shape, then PREDICTED MI355X (gfx950) and MI300X "
                     "(gfx942) times of the AMD fast kernels, whose tile loops are counted in clang builds.")
-    parser.add_argument("--arch", default="gfx950,gfx942",
+    parser.add_argument("--arch", default="gfx950,gfx942", type=arch_list_arg(tuple(ARCH_LIMITS), allow_none=True),
                         help="comma-separated AMD targets to predict (default: gfx950,gfx942); 'none': the "
                              "H200 calibration alone, no clang needed")
     parser.add_argument("--out", type=folder_arg, default=None,
                         help="folder of the code objects (default: where 'python -m hipmla build' writes)")
     args = parser.parse_args(argv)
-    archs = [] if args.arch.strip() == "none" else [a.strip() for a in args.arch.split(",") if a.strip()]
-    if args.arch.strip() != "none" and not archs:
-        parser.error(f"argument --arch: expected comma-separated targets such as gfx950,gfx942, or none; "
-                     f"got {args.arch!r}")
+    archs = args.arch
     kernels: list[KernelModel] = []
     if archs:
         from hipmla import aot  # the toolchain, only when AMD kernels are to be counted

@@ -6,6 +6,7 @@ says what was expected and what came.
 
 from __future__ import annotations
 
+import argparse
 import math
 import numbers
 from pathlib import Path
@@ -127,3 +128,22 @@ def folder_arg(text: str) -> Path:
     """argparse type of an output folder: ``~`` expanded as a shell would (``--out=~/x``
     reaches the program unexpanded), so every command's ``--out`` means the same place."""
     return Path(text).expanduser()
+
+
+def arch_list_arg(known: Sequence[str], *, allow_none: bool = False):
+    """argparse type of ``--arch``: comma-separated targets, each one of ``known``, in order
+    and once each; with ``allow_none`` the word ``none`` alone is the empty list."""
+    extra = ", or none alone" if allow_none else ""
+
+    def parse(text: str) -> list[str]:
+        names = [a.strip() for a in text.split(",") if a.strip()]
+        if allow_none and names == ["none"]:
+            return []
+        unknown = [a for a in names if a not in known]
+        if not names or unknown:
+            what = f"{unknown[0]!r} is not one of them" if unknown else f"got {text!r}"
+            raise argparse.ArgumentTypeError(f"expected comma-separated targets among {', '.join(known)}{extra}; "
+                                             f"{what}")
+        return list(dict.fromkeys(names))
+
+    return parse

@@ -579,10 +579,19 @@ def test_prebuilt_objects_are_found_in_the_default_out_dir(monkeypatch, tmp_path
 
 
 def test_build_rejects_bad_arguments(capsys):
-    for argv, name in ((["--jobs", "0"], "--jobs"), (["--jobs", "x"], "--jobs"), (["--arch", ","], "--arch")):
+    for argv, name in ((["--jobs", "0"], "--jobs"), (["--jobs", "x"], "--jobs"), (["--arch", ","], "--arch"),
+                       (["--arch", "gfx950,sm_90"], "--arch: .*'sm_90' is not one of them"),
+                       (["--arch", "GFX950"], "--arch")):
         with pytest.raises(SystemExit) as e:
             aot.main(argv)
-        assert e.value.code == 2 and f"argument {name}" in capsys.readouterr().err
+        assert e.value.code == 2 and re.search(f"argument {name}", capsys.readouterr().err)
+
+
+def test_build_takes_each_target_once(monkeypatch, capsys, tmp_path):
+    calls = []
+    monkeypatch.setattr(aot.cli, "build_all", lambda archs, out_dir, jobs: calls.append(archs) or [CLEAN])
+    assert aot.main(["--arch", "gfx942, gfx950,gfx942", "--out", str(tmp_path)]) == 0
+    assert calls == [["gfx942", "gfx950"]]
 
 
 # --- build_all ------------------------------------------------------------------------------

@@ -7,10 +7,11 @@ import sys
 from collections.abc import Sequence
 
 from hipmla.aot.counts import fast_report
+from hipmla.aot.occupancy import ARCH_LIMITS
 from hipmla.aot.prebuilt import default_aot_dir
 from hipmla.aot.resources import build_all, check_budget, format_report
 from hipmla.aot.toolchain import CompileError, ToolchainNotFound
-from hipmla.validate import folder_arg
+from hipmla.validate import arch_list_arg, folder_arg
 
 
 def _positive_int(text: str) -> int:
@@ -29,7 +30,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         prog="python -m hipmla build",
         description="Compile every hipmla kernel with clang and report registers, LDS, scratch and occupancy.",
     )
-    parser.add_argument("--arch", default="gfx950,gfx942",
+    parser.add_argument("--arch", default="gfx950,gfx942", type=arch_list_arg(tuple(ARCH_LIMITS)),
                         help="comma-separated targets (default: gfx950,gfx942)")
     parser.add_argument("--out", type=folder_arg, default=None,
                         help="folder for the code objects (default: $XDG_CACHE_HOME/hipmla/aot, "
@@ -41,9 +42,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                              "measured) and a PREDICTED time range per benchmark shape (MI355X for gfx950, "
                              "MI300X for gfx942); 'python -m hipmla model' prints the same without the resource table")
     args = parser.parse_args(argv)
-    archs = [a.strip() for a in args.arch.split(",") if a.strip()]
-    if not archs:
-        parser.error(f"argument --arch: expected comma-separated targets such as gfx950,gfx942, got {args.arch!r}")
+    archs = args.arch
     out_dir = default_aot_dir() if args.out is None else args.out
     try:
         rows = build_all(archs, out_dir, args.jobs)
