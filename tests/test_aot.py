@@ -597,6 +597,31 @@ def test_build_takes_each_target_once(monkeypatch, capsys, tmp_path):
 # --- build_all ------------------------------------------------------------------------------
 
 
+@needs_clang
+def test_ctrl_c_stops_a_build_and_leaves_no_temporaries(tmp_path):
+    """The queued compiles do not start after Ctrl-C, and neither this build's temporaries
+    nor clang's own (it writes them to $TMPDIR) stay behind."""
+    import signal
+    import sys
+    import time
+
+    tmpdir, out = tmp_path / "tmp", tmp_path / "out"
+    tmpdir.mkdir()
+    proc = subprocess.Popen([sys.executable, "-m", "hipmla", "build", "--arch", "gfx950,gfx942", "--out", str(out)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "TMPDIR": str(tmpdir)})
+    deadline = time.monotonic() + 60
+    while not (out.is_dir() and any(f.suffix == ".co" for f in out.iterdir())) and time.monotonic() < deadline:
+        time.sleep(0.05)  # under way: its first object is written
+    start = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and "interrupted" in err
+    assert time.monotonic() - start < 5.0  # a full build of both targets takes ~10 s on 2 cores
+    assert list(tmpdir.iterdir()) == []
+    assert not out.exists() or all(f.suffix == ".co" for f in out.iterdir())
+
+
 @dataclass(frozen=True)
 class TinySpec:
     """Stands in for hipmla.kernels.KernelSpec; ``source`` is the whole translation unit."""

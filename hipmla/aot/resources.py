@@ -170,9 +170,16 @@ def build_all(archs: Sequence[str], out_dir: Path | None = None, jobs: int = 2, 
         return read_resources(co, symbol=spec.symbol, block_threads=spec.block_threads,
                               dynamic_lds_bytes=spec.dynamic_shared_bytes)
 
-    with ThreadPoolExecutor(max_workers=jobs) as pool:
-        specs = fast_kernels if fast_only else kernels_for_arch
+    specs = fast_kernels if fast_only else kernels_for_arch
+    pool = ThreadPoolExecutor(max_workers=jobs)
+    try:
         futures = [pool.submit(build, spec, arch) for arch in archs for spec in specs(arch)]
+        for future in futures:  # wait here, where Ctrl-C lands
+            future.exception()
+    except BaseException:  # Ctrl-C: the queued builds do not start (the running ones end with their clang)
+        pool.shutdown(wait=False, cancel_futures=True)
+        raise
+    pool.shutdown()
     rows, errors = [], []
     for future in futures:
         try:

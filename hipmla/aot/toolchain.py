@@ -205,7 +205,9 @@ def compile_source(
         partial = Path(partial_name)
         cmd = [clang, *BUILD_FLAGS, f"--offload-arch={arch}", *options, str(tu), "-o", str(partial)]
         try:
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=COMPILE_TIMEOUT_S)
+            # clang's own temporaries (and its crash reproducers) go where this build's do
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=COMPILE_TIMEOUT_S,
+                                  env={**os.environ, "TMPDIR": tmp})
         except subprocess.TimeoutExpired:
             partial.unlink(missing_ok=True)
             raise CompileError(f"{symbol} for {arch}: clang ran over {COMPILE_TIMEOUT_S} s", cmd, "") from None
