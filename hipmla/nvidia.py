@@ -28,6 +28,8 @@ import tempfile
 from pathlib import Path
 from typing import Sequence
 
+from hipmla.validate import folder_arg
+
 LIBRARY = "libamdhip64.so"
 #: hip-python opens the hiprtc half under this name; it is a link to LIBRARY.
 HIPRTC_LIBRARY = "libhiprtc.so"
@@ -83,7 +85,7 @@ def find_compiler(cc: str | None = None) -> str:
     if wanted:
         found = shutil.which(wanted)
         if found is None:
-            source = "cc" if cc else "$CC"
+            source = "--cc" if cc else "$CC"
             raise FileNotFoundError(f"{source}: expected a C compiler on PATH, got {wanted!r}")
         return found
     for name in DEFAULT_COMPILERS:
@@ -206,17 +208,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         description="Build hipmla's HIP-on-CUDA library (libamdhip64.so + libhiprtc.so) "
                     "so that hip-python runs on NVIDIA GPUs.",
     )
-    parser.add_argument("--out", type=Path, default=None,
+    parser.add_argument("--out", type=folder_arg, default=None,
                         help="directory to build into (default: $HIPMLA_NVIDIA_DIR or the cache)")
     parser.add_argument("--cc", default=None, help="C compiler (default: $CC, cc, gcc or clang)")
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["--"]:  # what an argparse REMAINDER in front of us passes on
         argv = argv[1:]
     args = parser.parse_args(argv)
+    if args.out is not None:
+        args.out = args.out.resolve()  # the exports below work from any folder
     try:
         root = build_shim(args.out, args.cc)
+    except FileNotFoundError as e:  # no such compiler: what was asked for is wrong
+        print(f"hipmla nvidia-runtime: {e}", file=sys.stderr)
+        return 2
     except (OSError, RuntimeError) as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"hipmla nvidia-runtime: {e}", file=sys.stderr)
         return 1
     print(root)
     print(f"\nBuilt {root / 'lib' / LIBRARY} (+ {HIPRTC_LIBRARY}). Use it with either of:", file=sys.stderr)

@@ -126,7 +126,10 @@ def check_choice(value, name: str, choices: Sequence[str]) -> str:
 
 def folder_arg(text: str) -> Path:
     """argparse type of an output folder: ``~`` expanded as a shell would (``--out=~/x``
-    reaches the program unexpanded), so every command's ``--out`` means the same place."""
+    reaches the program unexpanded), so every command's ``--out`` means the same place. An
+    empty text is refused: ``Path("")`` would quietly be the current folder."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError(f"expected a folder, got {text!r}")
     return Path(text).expanduser()
 
 

@@ -206,7 +206,12 @@ def test_main_builds_and_prints_the_root(tmp_path, capsys):
     out, err = capsys.readouterr()
     assert out.strip() == str(tmp_path / "cli")
     assert f"ROCM_PATH={tmp_path / 'cli'}" in err and "HIPMLA_PLATFORM=nvidia" in err
-    assert nvidia.main(["--out", str(tmp_path / "bad"), "--cc", "/nonexistent/cc"]) == 1
+    # a compiler that is not there is a bad argument (2, as the other commands answer one), named as an option
+    assert nvidia.main(["--out", str(tmp_path / "bad"), "--cc", "/nonexistent/cc"]) == 2
+    assert "hipmla nvidia-runtime: --cc: expected a C compiler on PATH" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # '' would be the current folder
+        nvidia.main(["--out", ""])
+    assert "argument --out: expected a folder" in capsys.readouterr().err
 
 
 def test_nvidia_gpu_present_is_false_without_libcuda(monkeypatch):

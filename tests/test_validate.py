@@ -107,3 +107,13 @@ def test_folder_arg_expands_the_home_folder_as_a_shell_would(monkeypatch, tmp_pa
     monkeypatch.setenv("HOME", str(tmp_path))
     assert folder_arg("~/out") == tmp_path / "out"
     assert str(folder_arg("rel/out")) == "rel/out"
+
+
+def test_folder_arg_refuses_an_empty_folder_name():
+    import argparse
+
+    from hipmla.validate import folder_arg
+
+    for text in ("", "  "):
+        with pytest.raises(argparse.ArgumentTypeError, match="expected a folder"):
+            folder_arg(text)
