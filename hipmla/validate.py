@@ -95,14 +95,17 @@ def check_indptr(kv_indptr, name: str = "kv_indptr", total_rows: int | None = No
 
 
 def check_positive_finite(value, name: str) -> float:
-    """A real number (an int, a float or a numpy scalar of either; not a bool, and not text
-    that float() would parse) that is finite and > 0 as a float."""
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
+    """A real number (what float() takes as one: an int, a float, a numpy or 0-d array scalar;
+    not a bool, a complex, or text float() would parse) that is finite and > 0 as a float."""
+    if isinstance(value, (bool, np.bool_, str, bytes, bytearray)) \
+            or isinstance(value, numbers.Complex) and not isinstance(value, numbers.Real):
         raise TypeError(f"{name}: expected a real number, got {type(value).__name__} {value!r}")
     try:
         v = float(value)
     except OverflowError:  # an int past float's range
         v = math.inf
+    except (TypeError, ValueError):
+        raise TypeError(f"{name}: expected a real number, got {type(value).__name__} {value!r}") from None
     if not np.isfinite(v) or v <= 0:
         raise ValueError(f"{name}: expected a finite number > 0, got {value!r}")
     return v

@@ -84,6 +84,7 @@ def test_check_positive_finite():
     assert check_positive_finite(np.float32(2), "sm_scale") == 2.0
     assert isinstance(check_positive_finite(3, "sm_scale"), float)
     assert check_positive_finite(np.int64(3), "sm_scale") == 3.0
+    assert check_positive_finite(np.array(0.25), "sm_scale") == 0.25  # a 0-d array (or tensor) is a number
     for bad in (0, -1.0, float("nan"), float("inf"), -float("inf"), 10**400, np.float64("nan")):
         with pytest.raises(ValueError, match=r"^sm_scale: expected a finite number > 0, got"):
             check_positive_finite(bad, "sm_scale")
