@@ -36,9 +36,9 @@ from hipmla.bench.probes import (PEAK_GBS_BY_ARCH, PEAK_GBS_BY_NAME, Timer, data
 from hipmla.bench.steps import bytes_moved, device_step, lens_step, ragged_mixes
 from hipmla.cli import int_at_least
 from hipmla.emulate import Q_PRECISIONS
-from hipmla.validate import folder_arg
 from hipmla.formats import KV_FORMATS
 from hipmla.inputs import benchmark_shapes
+from hipmla.validate import folder_arg
 
 __all__ = ["BenchRow", "MTP_BATCHES", "MTP_CASES", "MTP_KV_LEN", "PEAK_GBS_BY_ARCH", "PEAK_GBS_BY_NAME", "Timer",
            "bytes_moved", "c_noop_launch", "datasheet_peak_gbs", "device_step", "fresh_views", "git_commit",
