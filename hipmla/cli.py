@@ -277,7 +277,7 @@ def _fail(message: str, command: str = "check") -> SystemExit:
     return SystemExit(2)
 
 
-def _gpu_count(command: str) -> tuple[int, str]:
+def gpu_count(command: str) -> tuple[int, str]:
     """``(devices, why none)`` hip-python reaches; exits naming ``HIPMLA_PLATFORM`` when
     its value is bad."""
     from hipmla import runtime
@@ -299,7 +299,7 @@ def _backend(device: str) -> Backend:
         return _host_backend()
     from hipmla import runtime
 
-    count, reason = _gpu_count("check")
+    count, reason = gpu_count("check")
     if count == 0:
         if device == "auto":
             log.info("no GPU reachable through hip-python (%s); checking on the host emulator",
@@ -384,7 +384,7 @@ def writable_file(text: str) -> str:
 def cmd_selftest(args) -> int:
     from hipmla import runtime, selftest
 
-    count, reason = _gpu_count("selftest")
+    count, reason = gpu_count("selftest")
     if count == 0:
         raise _fail(f"no GPU reachable through hip-python ({reason.split('. ')[0].rstrip('.')}); "
                     f"the self-test checks the kernels "

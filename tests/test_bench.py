@@ -5,7 +5,7 @@ import re
 
 import pytest
 
-from hipmla import bench
+from hipmla import bench, runtime
 
 
 def test_bytes_moved_counts_cache_rows_and_partials():
@@ -44,7 +44,7 @@ def test_ragged_mixes_are_ragged():
 
 
 def test_unknown_shape_is_an_argument_error(capsys, monkeypatch):
-    monkeypatch.setattr(bench.runtime, "available", lambda: True)
+    monkeypatch.setattr(runtime, "device_count", lambda: 1)
     with pytest.raises(SystemExit):
         bench.main(["--shapes", "5x5k"])
     assert "--shapes" in capsys.readouterr().err
@@ -57,7 +57,7 @@ def test_unknown_shape_is_an_argument_error(capsys, monkeypatch):
 def test_bench_arguments_are_checked_before_any_device_work(capsys, monkeypatch, tmp_path, argv, words):
     a_file = tmp_path / "a_file"
     a_file.write_text("")
-    monkeypatch.setattr(bench.runtime, "available", lambda: pytest.fail("the device was looked for"))
+    monkeypatch.setattr(runtime, "device_count", lambda: pytest.fail("the device was looked for"))
     with pytest.raises(SystemExit):
         bench.main([str(a_file) if a == "A_FILE" else a for a in argv])
     assert re.search(words, capsys.readouterr().err)
@@ -65,9 +65,13 @@ def test_bench_arguments_are_checked_before_any_device_work(capsys, monkeypatch,
 
 def test_a_trailing_comma_in_shapes_is_no_shape(capsys, monkeypatch):
     """As check reads --shapes: '4x1k,' is 4x1k (the run stops at the device, none here)."""
-    monkeypatch.setattr(bench.runtime, "available", lambda: False)
+    def no_hip():
+        raise RuntimeError("hip-python is not installed\nmore")
+
+    monkeypatch.setattr(runtime, "device_count", no_hip)
     assert bench.main(["--shapes", "4x1k,", "--format", "bf16"]) == 2
-    assert "no GPU reachable" in capsys.readouterr().err
+    # and why, as check and selftest say it
+    assert "no GPU reachable through hip-python (hip-python is not installed)" in capsys.readouterr().err
 
 
 @pytest.mark.gpu
@@ -169,10 +173,10 @@ def test_cpu_host_bench_times_every_path_and_undoes_its_stub():
     spec = importlib.util.spec_from_file_location("host_bench", path)
     host_bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(host_bench)
-    before = {name: getattr(bench.runtime, name) for name in ("device_info", "load_kernel", "_c_launch")}
+    before = {name: getattr(runtime, name) for name in ("device_info", "load_kernel", "_c_launch")}
     with host_bench.stubbed_runtime():
         lines = host_bench.host_table("mxfp4", calls=3, rounds=1)
-    assert {name: getattr(bench.runtime, name) for name in before} == before
+    assert {name: getattr(runtime, name) for name in before} == before
     rows = [line.split() for line in lines[2:]]
     assert [(r[0], r[1]) for r in rows] == [("contiguous", "4"), ("contiguous", "256"), ("paged", "4"),
                                             ("paged", "256")]

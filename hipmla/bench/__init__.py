@@ -26,7 +26,6 @@ import argparse
 import json
 import sys
 
-from hipmla import runtime
 from hipmla.bench.decode import BenchRow, print_table, run_bench, write_files
 from hipmla.bench.host import c_noop_launch, fresh_views, host_figures, host_overhead_us, host_reference_us
 from hipmla.bench.mtp import MTP_BATCHES, MTP_CASES, MTP_KV_LEN, mtp_flops, run_mtp_bench
@@ -34,7 +33,7 @@ from hipmla.bench.peer import torch_peer
 from hipmla.bench.probes import (PEAK_GBS_BY_ARCH, PEAK_GBS_BY_NAME, Timer, datasheet_peak_gbs, git_commit,
                                  matmul_tflops, read_gbs)
 from hipmla.bench.steps import bytes_moved, device_step, lens_step, ragged_mixes
-from hipmla.cli import int_at_least
+from hipmla.cli import gpu_count, int_at_least
 from hipmla.emulate import Q_PRECISIONS
 from hipmla.formats import KV_FORMATS
 from hipmla.inputs import benchmark_shapes
@@ -79,13 +78,9 @@ def main(argv: list[str]) -> int:
         p.error(f"--page-size: expected 0 or a power of two in 1..128, got {a.page_size}")
     if a.out is not None and a.out.exists() and not a.out.is_dir():  # before the run, not after it
         p.error(f"--out: {str(a.out)!r} is a file; expected a folder (made if missing)")
-    try:
-        runtime.platform_choice()  # HIPMLA_PLATFORM: a bad value is an error, not "no GPU"
-    except ValueError as e:
-        print(f"hipmla bench: {e}", file=sys.stderr)
-        return 2
-    if not runtime.available():
-        print("hipmla bench: no GPU reachable through hip-python", file=sys.stderr)
+    count, reason = gpu_count("bench")  # exits on a bad HIPMLA_PLATFORM: an error, not "no GPU"
+    if count == 0:
+        print(f"hipmla bench: no GPU reachable through hip-python ({reason})", file=sys.stderr)
         return 2
     formats = KV_FORMATS if a.format == "all" else (a.format,)
     if a.mtp:
