@@ -16,7 +16,7 @@ from pathlib import Path
 
 from hipmla import aot
 from hipmla.aot.occupancy import ARCH_LIMITS
-from hipmla.aot.toolchain import object_key
+from hipmla.aot.toolchain import ELF_MAGIC, object_key
 from hipmla.kernels import KernelSpec
 
 #: Objects shipped inside the installed package (a wheel built with prebuilt kernels);
@@ -59,6 +59,6 @@ def find_prebuilt(spec: KernelSpec, arch: str, source_text: str, options: Sequen
         found = sorted(d.glob(pattern), key=lambda p: p.stat().st_mtime, reverse=True)
         for path in found:
             code = path.read_bytes()
-            if code[:4] == b"\x7fELF":  # an empty or overwritten file is no build: hiprtc builds instead
+            if code.startswith(ELF_MAGIC):  # an empty or overwritten file is no build: hiprtc builds instead
                 return code
     return None

@@ -222,12 +222,16 @@ def compile_source(
     return target
 
 
+#: The first bytes of every code object (an ELF file).
+ELF_MAGIC = b"\x7fELF"
+
+
 def is_code_object(path: Path) -> bool:
     """Whether ``path`` starts as a code object does (an ELF header): an empty or
     overwritten file must be neither reused nor loaded."""
     try:
         with open(path, "rb") as f:
-            return f.read(4) == b"\x7fELF"
+            return f.read(len(ELF_MAGIC)) == ELF_MAGIC
     except OSError:
         return False
 
