@@ -54,7 +54,7 @@ MAX_RESERVE = INT32_MAX // 4 // kernels.HEADS
 DEVICE_ERRORS = {
     1: "kv_indptr decreases (or is negative) at a sequence",
     2: "kv_indptr points past the cache rows (contiguous) or past kv_indices (paged), or gives a "
-       "sequence more pages than 2^31 - 1 tokens",
+       "sequence more than 2^30 tokens (MAX_SEQ_TOKENS)",
     4: "a page id in kv_indices is negative or its rows pass the end of the cache",
     8: "kv_last_page_len is outside 1 .. page_size",
     16: "qo_indptr is no offsets array from 0 to the query tokens of q (the whole step computed nothing: "

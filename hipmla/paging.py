@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from hipmla.formats import KVCache
-from hipmla.validate import INT32_MAX, check_array, check_indptr, check_int
+from hipmla.validate import INT32_MAX, MAX_SEQ_TOKENS, check_array, check_indptr, check_int
 
 
 #: Page sizes the kernels take: every power of two from 1 (SGLang's token-level
@@ -61,6 +61,11 @@ class KvLayout:
             if self.page_size != 1:
                 raise ValueError(f"page_size: {self.page_size!r} given without a page table "
                                  f"(kv_indices, kv_last_page_len): contiguous rows have no pages")
+            lens = np.diff(indptr.astype(np.int64))
+            if lens.size and int(lens.max()) > MAX_SEQ_TOKENS:
+                s = int(np.argmax(lens))
+                raise ValueError(f"kv_indptr: sequence {s} has {int(lens[s])} tokens, more than a sequence "
+                                 f"may have ({MAX_SEQ_TOKENS}, 2^30)")
             return
         b = indptr.shape[0] - 1
         idx = check_array(self.kv_indices, "kv_indices", dtype=(np.int32, np.int64), ndim=1, contiguous=False)
@@ -83,15 +88,15 @@ class KvLayout:
             raise ValueError(f"kv_last_page_len: expected 1..{self.page_size} for a sequence with pages, "
                              f"kv_last_page_len[{s}] = {int(last[s])}")
         tokens = self.seq_lens()
-        if tokens.size and int(tokens.max()) > INT32_MAX:  # the kernels count a sequence's tokens in int32
+        if tokens.size and int(tokens.max()) > MAX_SEQ_TOKENS:
             s = int(np.argmax(tokens))
             raise ValueError(f"kv_indptr: sequence {s} has {int(tokens[s])} tokens ({int(pages[s])} pages of "
-                             f"{self.page_size}), past the int32 range ({INT32_MAX})")
+                             f"{self.page_size}), more than a sequence may have ({MAX_SEQ_TOKENS}, 2^30)")
 
     @classmethod
     def contiguous(cls, seq_lens) -> KvLayout:
         """Sequences one after another from row 0."""
-        from hipmla.schedule import INT32_MAX, check_lens
+        from hipmla.schedule import check_lens
 
         lens = check_lens(seq_lens)
         indptr = np.zeros(lens.shape[0] + 1, dtype=np.int64)

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from hipmla.validate import INT32_MAX
+from hipmla.validate import INT32_MAX, MAX_SEQ_TOKENS
 
 from hipmla.queries import HEAD_COUNTS
 
@@ -206,13 +206,13 @@ def check_lens(seq_lens, name: str = "seq_lens") -> np.ndarray:
         raise TypeError(f"{name}: expected integers, got dtype {lens.dtype}")
     if lens.dtype.kind == "u":
         lens = lens.astype(np.uint64)
-        if (lens > INT32_MAX).any():
-            bad = int(np.flatnonzero(lens > INT32_MAX)[0])
-            raise ValueError(f"{name}: lengths must be <= {INT32_MAX}, {name}[{bad}] = {int(lens[bad])}")
+        if (lens > MAX_SEQ_TOKENS).any():
+            bad = int(np.flatnonzero(lens > MAX_SEQ_TOKENS)[0])
+            raise ValueError(f"{name}: lengths must be <= {MAX_SEQ_TOKENS} (2^30), {name}[{bad}] = {int(lens[bad])}")
     lens = lens.astype(np.int64)
-    if (lens < 0).any() or (lens > INT32_MAX).any():
-        bad = int(np.flatnonzero((lens < 0) | (lens > INT32_MAX))[0])
-        raise ValueError(f"{name}: lengths must lie in [0, {INT32_MAX}], {name}[{bad}] = {int(lens[bad])}")
+    if (lens < 0).any() or (lens > MAX_SEQ_TOKENS).any():
+        bad = int(np.flatnonzero((lens < 0) | (lens > MAX_SEQ_TOKENS))[0])
+        raise ValueError(f"{name}: lengths must lie in [0, {MAX_SEQ_TOKENS}] (2^30), {name}[{bad}] = {int(lens[bad])}")
     return lens
 
 

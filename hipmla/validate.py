@@ -16,6 +16,9 @@ import numpy as np
 
 #: The largest value of the kernels' 32-bit integer fields.
 INT32_MAX = int(np.iinfo(np.int32).max)
+#: Most kv tokens a sequence may have (hip_src/common/config.h): the kernels count an item's
+#: tokens and tiles in int32, and below 2^30 no such sum can wrap.
+MAX_SEQ_TOKENS = 1 << 30
 
 
 def format_shape(shape: Sequence[int | None]) -> str:

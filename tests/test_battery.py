@@ -372,4 +372,4 @@ def test_good_inputs_next_to_the_bad_ones_still_pass(monkeypatch):
     quantize_kv(X, "fp8", fp8_scale=np.float32(0.01))
     mxfp4_quantize(X, scale_stride=np.int64(24))
     mla_decode_reference(Q, MX, INDPTR, 0.1, seqs=np.array([1], np.int32))
-    KvLayout(np.array([0, 2**31 - 1], np.int64))
+    KvLayout(np.array([0, 2**30, 2**31 - 1], np.int64))

@@ -59,6 +59,9 @@ def test_constants_match_config_header():
         assert values[name] == getattr(kernels, name), name
     for fmt, code in kernels.FORMAT_CODES.items():
         assert values[f"FORMAT_{fmt.upper()}"] == code
+    from hipmla.validate import MAX_SEQ_TOKENS
+
+    assert "constexpr int MAX_SEQ_TOKENS = 1 << 30;" in text and MAX_SEQ_TOKENS == 1 << 30
 
 
 def test_error_bits_match_the_decoder():
@@ -888,7 +891,7 @@ def test_several_query_tokens_and_heads_on_cpu_match_emulator_and_reference(host
 
 @pytest.mark.parametrize("kind", ["decreasing indptr", "rows past the cache", "page past the cache",
                                   "negative page id", "indptr past kv_indices", "last page length",
-                                  "more tokens than int32"])
+                                  "more tokens than int32", "indptr wrapped past int32"])
 @pytest.mark.parametrize("arch", ["portable", "gfx942"])
 def test_invalid_device_input_gives_nan_and_an_error_bit(host_kernels, kind, arch):
     """The host never reads kv_indptr / kv_indices / kv_last_page_len: the kernel checks
@@ -906,6 +909,12 @@ def test_invalid_device_input_gives_nan_and_an_error_bit(host_kernels, kind, arc
         indptr = contiguous.kv_indptr.copy()
         indptr[6] = indptr[5] - 1  # sequence 5 (300 tokens) ends before it starts; 6 gets longer
         lay, hit, bit = RawLayout(indptr), [5], 1
+    elif kind == "indptr wrapped past int32":
+        # An int64 offset past 2^31 a runtime cast to int32: in int32, end - first of
+        # sequence 5 wrapped back to a count of ~2^31 tokens read from row indptr[5] on.
+        indptr = contiguous.kv_indptr.astype(np.int32)
+        indptr[6] = -2**31 + 2
+        lay, hit, bit = RawLayout(indptr), [5, 6], 1
     elif kind == "rows past the cache":
         cache = take_rows(kv, np.arange(kv.rows - 10))  # the last sequence's rows are gone
         lay, hit, bit = RawLayout(contiguous.kv_indptr), [len(LENS) - 1], 2

@@ -7,6 +7,7 @@ import pytest
 
 from hipmla.formats import quantize_kv
 from hipmla.paging import KvLayout, as_layout, check_page_size, gather, random_page_table, scatter
+from hipmla.validate import MAX_SEQ_TOKENS
 
 
 def test_contiguous_rows():
@@ -49,15 +50,24 @@ def test_bad_layouts_name_themselves(kwargs, words):
         KvLayout(np.array([0, 1], np.int32), **kwargs)
 
 
-def test_a_sequence_past_the_int32_token_count_is_refused():
-    # The kernels count a sequence's tokens in int32; every other int32 check passes here.
-    pages = (1 << 24) + 1
-    with pytest.raises(ValueError, match="sequence 0 has 2147483776 tokens"):
+def test_a_sequence_past_the_most_tokens_is_refused():
+    # The kernels count an item's tokens and tiles in int32, safe up to MAX_SEQ_TOKENS (2^30);
+    # every int32 check passes here. Shared pages make such a sequence cheap to describe.
+    assert MAX_SEQ_TOKENS == 1 << 30
+    pages = (1 << 23) + 1
+    with pytest.raises(ValueError, match=r"sequence 0 has 1073741952 tokens .*\(1073741824, 2\^30\)"):
         KvLayout(np.array([0, pages], np.int32), np.zeros(pages, np.int32), np.array([128], np.int32), 128)
-    with pytest.raises(ValueError, match="sequence 0 has 2147483648 tokens"):
-        KvLayout(np.array([0, 1 << 24], np.int32), np.zeros(1 << 24, np.int32), np.array([128], np.int32), 128)
-    lay = KvLayout(np.array([0, 1 << 24], np.int32), np.zeros(1 << 24, np.int32), np.array([127], np.int32), 128)
-    assert lay.seq_lens()[0] == 2**31 - 1
+    with pytest.raises(ValueError, match="sequence 0 has 1073741825 tokens"):
+        KvLayout(np.array([0, pages], np.int32), np.zeros(pages, np.int32), np.array([1], np.int32), 128)
+    lay = KvLayout(np.array([0, 1 << 23], np.int32), np.zeros(1 << 23, np.int32), np.array([128], np.int32), 128)
+    assert lay.seq_lens()[0] == MAX_SEQ_TOKENS
+    # Contiguous rows: the same bound on each sequence (the rows themselves may reach 2^31 - 1).
+    with pytest.raises(ValueError, match="kv_indptr: sequence 1 has 1073741825 tokens"):
+        KvLayout(np.array([0, 5, 5 + MAX_SEQ_TOKENS + 1], np.int64))
+    assert KvLayout(np.array([0, MAX_SEQ_TOKENS, 2 * MAX_SEQ_TOKENS - 1], np.int64)).seq_lens().tolist() == \
+        [MAX_SEQ_TOKENS, MAX_SEQ_TOKENS - 1]
+    with pytest.raises(ValueError, match=r"seq_lens: lengths must lie in \[0, 1073741824\]"):
+        KvLayout.contiguous([3, MAX_SEQ_TOKENS + 1])
 
 
 @pytest.mark.parametrize("bad", [0, 3, 256, True, 2.0, "16"])

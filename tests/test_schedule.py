@@ -222,7 +222,8 @@ def test_bad_policies_name_themselves(kwargs, name):
 
 @pytest.mark.parametrize("lens, err", [
     ([], ValueError), ([[1]], ValueError), ([1.5], TypeError), ([-1], ValueError),
-    (np.array([2**32 + 5], dtype=np.uint64), ValueError),
+    (np.array([2**32 + 5], dtype=np.uint64), ValueError), ([2**30 + 1], ValueError),
+    (np.array([2**30 + 1], dtype=np.uint32), ValueError),
 ])
 def test_bad_lengths(lens, err):
     with pytest.raises(err, match="seq_lens"):
@@ -474,6 +475,61 @@ def test_device_schedule_flags_short_sequences_and_bad_query_ranges(dump):
     seq, bad = got[:, 0], got[:, 8]
     assert set(bad[seq == 1]) == {32}  # ERR_Q_LEN: 2 kv tokens, 3 query tokens
     assert set(bad[(seq == 0) | (seq == 2)]) == {0}
+
+
+def _raw_device_items(dump, indptr, policy: SplitPolicy, indices=None, last=None, page_size: int = 1,
+                      kv_rows: int = 0, n_indices: int = 0) -> np.ndarray:
+    """The device's items for int32 arrays the host never checked (what a runtime passes by
+    address), with the cache's / page table's extents (0: a raw address, unbounded). Field 8
+    is the item's ERR_* bits (the kernel's report_bad_item puts them in the error word)."""
+    indptr = np.ascontiguousarray(indptr, dtype=np.int32)
+    ind = None if indices is None else np.ascontiguousarray(indices, dtype=np.int32)
+    lst = None if last is None else np.ascontiguousarray(last, dtype=np.int32)
+    batch = indptr.shape[0] - 1
+    grid = policy.max_items(batch)
+    out = np.full((grid, SCHEDULE_FIELDS), -7, dtype=np.int32)
+    p = DecodeParams(kv_indptr=indptr.ctypes.data, kv_indices=None if ind is None else ind.ctypes.data,
+                     kv_last_page_len=None if lst is None else lst.ctypes.data, batch=batch,
+                     page_shift=page_size.bit_length() - 1, q_tokens=batch, kv_rows=kv_rows, n_indices=n_indices)
+    p.set_split(policy)
+    dump(p, grid, 0, out.ctypes.data)
+    return out
+
+
+@pytest.mark.parametrize("paged", [False, True], ids=["contiguous", "paged"])
+def test_device_schedule_flags_an_indptr_wrapped_past_int32(dump, paged):
+    # An int64 offset just past 2^31 cast to int32 by a runtime: kv_indptr[2] = -2^31 + 2.
+    # In int32, end - first wrapped back to 2^31 - 3 tokens, which passed every check (a
+    # negative end is below any bound) and, paged, read kv_indices ~2^31 entries past its 10.
+    indptr = [0, 5, -2**31 + 2]
+    kw = dict(indices=np.zeros(10), last=[1, 1], page_size=1, n_indices=10) if paged else {}
+    got = _raw_device_items(dump, indptr, SplitPolicy.for_device(4), kv_rows=100, **kw)
+    items = got[got[:, 0] >= 0]
+    assert set(items[items[:, 0] == 1, 8]) == {1}  # ERR_INDPTR and (items[items[:, 0] == 1, 2] == 0).all()
+    assert items[items[:, 0] == 0, 1:3].tolist() == [[0, 5]] and (items[items[:, 0] == 0, 8] == 0).all()
+
+
+@pytest.mark.parametrize("paged", [False, True], ids=["contiguous", "paged"])
+def test_device_schedule_flags_a_sequence_past_the_most_tokens(dump, paged):
+    # With raw addresses (no extent to check against) a sequence may claim more than
+    # MAX_SEQ_TOKENS (2^30) tokens: one item of 2^31 - 1 tokens overflowed every kernel's
+    # tile count. It is flagged (ERR_BOUNDS) and reads nothing; 2^30 tokens exactly pass.
+    from hipmla.validate import MAX_SEQ_TOKENS
+
+    policy = SplitPolicy.for_device(4)
+    if paged:  # 2^23 pages of 128, the last one full: 2^30 tokens; one more page passes it
+        n = 1 << 23
+        table = np.zeros(n + 2, np.int32)  # the items' page checks read every entry of the ok case
+        over = _raw_device_items(dump, [0, 1, n + 2], policy, table, [128, 128], 128)
+        ok = _raw_device_items(dump, [0, 1, n + 1], policy, table, [128, 128], 128)
+    else:
+        over = _raw_device_items(dump, [0, 1, MAX_SEQ_TOKENS + 2], policy)
+        ok = _raw_device_items(dump, [0, 1, MAX_SEQ_TOKENS + 1], policy)
+    for got, bad in ((over, 2), (ok, 0)):
+        items = got[got[:, 0] == 1]
+        assert set(items[:, 8]) == {bad}
+    assert (over[over[:, 0] == 1, 2] == 0).all()  # an invalid sequence gets no range
+    assert ok[ok[:, 0] == 1, 2].max() == MAX_SEQ_TOKENS
 
 
 def test_device_division_is_exact_on_both_sides_of_32_bits(tmp_path):

@@ -8,6 +8,7 @@
 #pragma once
 
 #include "params.h"
+#include "common/config.h"
 #include "common/platform.h"
 
 namespace hipmla {
@@ -17,7 +18,7 @@ namespace hipmla {
 // read outside the arrays it was given (hipmla.decode.DEVICE_ERRORS mirrors them).
 constexpr int ERR_INDPTR = 1;     // kv_indptr decreases at the sequence, or is negative
 constexpr int ERR_BOUNDS = 2;     // its rows (contiguous) or page-table entries (paged) pass the end,
-                                  // or its pages hold more than 2^31 - 1 tokens
+                                  // or it has more than MAX_SEQ_TOKENS tokens
 constexpr int ERR_PAGE = 4;       // a page id is negative or its rows pass the end of the cache
 constexpr int ERR_LAST_PAGE = 8;  // kv_last_page_len outside 1 .. page_size
 constexpr int ERR_QO = 16;        // qo_indptr decreases, is negative or passes q_tokens
@@ -38,11 +39,14 @@ struct SeqExtent {
 HIPMLA_DEVICE SeqExtent seq_extent(const MlaDecodeParams& p, int seq) {
     const int first = p.kv_indptr[seq];
     const int end = p.kv_indptr[seq + 1];
-    const int n = end - first;
+    // In 64 bits: an int64 offset past 2^31 that a runtime cast to int32 wraps negative, and
+    // end - first in int32 would then wrap back to a large positive count.
+    const long long n = (long long)end - first;
     int bad = (first < 0 || n < 0) ? ERR_INDPTR : 0;
     if (p.kv_indices == nullptr) {
         if (bounded(p.kv_rows) && end > bound_of(p.kv_rows)) bad |= ERR_BOUNDS;
-        return bad ? SeqExtent{0, bad} : SeqExtent{n, 0};
+        if (n > MAX_SEQ_TOKENS) bad |= ERR_BOUNDS;
+        return bad ? SeqExtent{0, bad} : SeqExtent{int(n), 0};
     }
     if (bounded(p.n_indices) && end > bound_of(p.n_indices)) bad |= ERR_BOUNDS;
     // Loaded whatever n is, so the load goes out beside kv_indptr's, not after it (a second
@@ -50,10 +54,10 @@ HIPMLA_DEVICE SeqExtent seq_extent(const MlaDecodeParams& p, int seq) {
     const int last_len = p.kv_last_page_len[seq];
     const int last = n > 0 ? last_len : 1;
     if (last < 1 || last > (1 << p.page_shift)) bad |= ERR_LAST_PAGE;
-    // More pages than an int32 token count holds: only a corrupt kv_indptr with a raw
-    // page-table address (n_indices = 0, so no bound above) gets here.
-    const long long tokens = n <= 0 ? 0 : ((long long)(n - 1) << p.page_shift) + last;
-    if (tokens > 0x7fffffffLL) bad |= ERR_BOUNDS;
+    // More pages than MAX_SEQ_TOKENS tokens: only a corrupt kv_indptr with a raw page-table
+    // address (n_indices = 0, so no bound above) or shared pages get here.
+    const long long tokens = n <= 0 ? 0 : ((n - 1) << p.page_shift) + last;
+    if (tokens > MAX_SEQ_TOKENS) bad |= ERR_BOUNDS;
     if (bad) return SeqExtent{0, bad};
     return SeqExtent{int(tokens), 0};
 }
