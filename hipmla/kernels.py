@@ -401,7 +401,7 @@ def main_split_kernel(arch: str, kv_format: str, q_precision: str, heads: int = 
     (``heads`` x ``q_len`` query tokens, at least ROWS64_MIN_ROWS), else the sm_90 tensor-core
     kernel (with bf16 Q it ran on the H200 against the emulator: tests/test_sm90.py,
     tests/test_decode_gpu.py; with quantized Q on an H100, in the quantization's first form:
-    README, "Quantized Q on sm_90"); elsewhere the portable kernel."""
+    docs/BENCHMARKS.md, "Quantized Q on sm_90"); elsewhere the portable kernel."""
     if isinstance(arch, str) and arch.split(":", 1)[0] == "sm_90":
         if kv_format in ROWS64_FORMATS and q_precision == "bf16" and heads * q_len >= ROWS64_MIN_ROWS:
             rows64 = sm90_rows64_kernel(kv_format)
