@@ -243,7 +243,6 @@ def test_max_items_bounds_the_grid():
 # --------------------------------------------------------------------- the device code
 
 
-
 @pytest.fixture(scope="module")
 def dump(tmp_path_factory):
     if CLANG is None:
