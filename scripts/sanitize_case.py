@@ -165,7 +165,9 @@ def corrupted_steps(dec: Decoder, inputs) -> bool:
     pool = scatter(inputs.kv, good)
     for name, seq, change in (("page past the pool", 5, lambda ip, ix, la: ix.__setitem__(ip[5] + 3, 10**6)),
                               ("negative page", 3, lambda ip, ix, la: ix.__setitem__(ip[3], -5)),
-                              ("decreasing indptr", 3, lambda ip, ix, la: ip.__setitem__(4, ip[3] - 2))):
+                              ("decreasing indptr", 3, lambda ip, ix, la: ip.__setitem__(4, ip[3] - 2)),
+                              # an int64 offset past 2^31 cast to int32 (int32 end - first wrapped)
+                              ("wrapped indptr", 3, lambda ip, ix, la: ip.__setitem__(4, -2**31 + 2))):
         ip, ix, la = good.kv_indptr.copy(), good.kv_indices.copy(), good.kv_last_page_len.copy()
         change(ip, ix, la)
         host = {"q": inputs.q.view(np.uint16), "kv": pool.data, "kv_indptr": ip, "kv_indices": ix,

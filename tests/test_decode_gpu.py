@@ -371,7 +371,7 @@ def test_one_captured_graph_serves_fifty_changing_steps(decoders):
 
 @pytest.mark.parametrize("kind, bit", [("decreasing indptr", 1), ("page past the pool", 4),
                                        ("negative page id", 4), ("last page length", 8),
-                                       ("table too short", 2)])
+                                       ("table too short", 2), ("indptr wrapped past int32", 1)])
 def test_invalid_device_input_gives_nan_and_an_error(decoders, kind, bit):
     """Page tables the host never reads, corrupted on the device: the affected sequence
     gets NaN (no read outside the given arrays: memcheck runs the same cases in
@@ -388,6 +388,8 @@ def test_invalid_device_input_gives_nan_and_an_error(decoders, kind, bit):
     hit = 3
     if kind == "decreasing indptr":
         ip[4] = ip[3] - 1  # sequence 3 ends before it starts
+    elif kind == "indptr wrapped past int32":
+        ip[4] = np.int32(-2**31 + 2)  # an int64 offset past 2^31 cast to int32: 3 and 4 are hit
     elif kind == "page past the pool":
         idx[ip[3] + 7] = pool.rows // 16 + 100
     elif kind == "negative page id":
@@ -410,7 +412,10 @@ def test_invalid_device_input_gives_nan_and_an_error(decoders, kind, bit):
     assert e.value.bits & bit, (kind, e.value.bits)
     dec.check_errors()  # cleared
     assert np.isnan(out[hit]).all() and np.isnan(lse[hit]).all(), kind
-    ok = [s for s in range(6) if s != hit and not (kind == "decreasing indptr" and s == 4)]
+    if kind == "indptr wrapped past int32":
+        assert np.isnan(out[4]).all() and np.isnan(lse[4]).all()
+    indptr_kinds = ("decreasing indptr", "indptr wrapped past int32")
+    ok = [s for s in range(6) if s != hit and not (kind in indptr_kinds and s == 4)]
     assert np.isfinite(out[ok]).all(), kind
     emu_out, emu_lse = dec.emulate(q, pool, layout, seqs=[0, 2])
     assert np.abs(out[[0, 2]] - emu_out.astype(np.float32)).max() <= 2e-2 * np.abs(emu_out.astype(np.float32)).max()
