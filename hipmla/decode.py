@@ -48,6 +48,8 @@ from hipmla.validate import check_choice, check_positive_finite
 DEFAULT_MAX_BATCH = 256
 #: Largest max_batch / max_q_tokens reserve() takes: the kernels' int32 row arithmetic.
 MAX_RESERVE = INT32_MAX // 4 // kernels.HEADS
+#: Most partial slots of a scratch: the kernels' int offset (slot * 16 + head) * 2 of part_ml.
+MAX_SLOTS = (INT32_MAX // 2 - kernels.HEADS) // kernels.HEADS
 
 #: Bits of the device's error word (hip_src/core/paged.h, ERR_*): device-side input the
 #: host never reads, found invalid by the kernels. The sequence concerned gets NaN.
@@ -269,12 +271,15 @@ class Decoder:
         if max_batch == self._max_batch and max_q_tokens == self._max_q_tokens:
             return
         lay = self.scratch_layout(max_batch, max_q_tokens)
-        # Also what keeps the kernels' int slot arithmetic ((slot * 16 + h) * 2) in range:
-        # 2^26 slots would be 512 GiB.
         if lay.total_bytes > self.device.total_mem:
             raise ValueError(f"max_batch/max_q_tokens: steps of {max_batch} sequences and {max_q_tokens} query "
                              f"tokens need {lay.total_bytes / 2**30:.1f} GiB of split scratch; the device has "
                              f"{self.device.total_mem / 2**30:.1f} GiB")
+        # The kernels index part_ml as int ((slot * 16 + h) * 2): at most MAX_SLOTS slots,
+        # whatever the device's memory (2^26 slots would be 2 TiB of scratch).
+        if lay.slots > MAX_SLOTS:
+            raise ValueError(f"max_batch/max_q_tokens: steps of {max_batch} sequences and {max_q_tokens} query "
+                             f"tokens need {lay.slots} partial slots; the kernels index at most {MAX_SLOTS}")
         runtime.use_device(self.device.index)
         grown = runtime.alloc(lay.total_bytes)
         try:

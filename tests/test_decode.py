@@ -6,6 +6,7 @@ emulator and the exact reference is ``tests/test_decode_gpu.py``."""
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import math
 import re
 import types
@@ -631,6 +632,20 @@ def test_a_scratch_larger_than_the_device_is_refused_before_allocating(monkeypat
     assert gpu.host_calls() == {} and dec.max_batch == 2
     dec.reserve(4096, 4 * 4096)  # a large serving step still fits
     assert dec.max_batch == 4096
+
+
+def test_more_slots_than_the_kernels_index_are_refused_on_any_device(monkeypatch):
+    # (slot * 16 + head) * 2 is an int in the kernels: a device with memory enough for the
+    # scratch must not lift that bound.
+    gpu = fake_runtime(monkeypatch, "sm_90")
+    dec = decode.Decoder("mxfp4", 1 / 24, heads=128, max_batch=2)
+    dec.device = dataclasses.replace(dec.device, total_mem=1 << 50)  # 1 PiB
+    assert dec.scratch_layout(2**23, 2**23).slots > decode.MAX_SLOTS >= dec.scratch_layout(2**20, 2**20).slots
+    gpu.reset()
+    with pytest.raises(ValueError, match=r"^max_batch/max_q_tokens: .* partial slots; the kernels index at most"):
+        dec.reserve(2**23)
+    assert gpu.host_calls() == {} and dec.max_batch == 2
+    assert (decode.MAX_SLOTS * kernels.HEADS + kernels.HEADS - 1) * 2 + 1 <= 2**31 - 1
 
 
 def test_failed_scratch_growth_keeps_the_old_scratch(monkeypatch):
