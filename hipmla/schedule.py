@@ -83,7 +83,7 @@ DEFAULT_LONE_MAX_RANGES = 32
 #: target_items items; none: the usual split. Predicted from a makespan model (items in
 #: block order on target_items slots, 150 tokens' time of overhead each; 400 random batches
 #: of 4-400 sequences: 118 faster by 2-44%, 4 slower by up to 13%, whose extra items were
-#: short). Measured (H100, 2026-12-05, README "The fit"): rag64 -26% (MXFP4), 64x32k -22%,
+#: short). Measured (H100, 2026-12-05, docs/BENCHMARKS.md, "The fit"): rag64 -26% (MXFP4), 64x32k -22%,
 #: long+short -2..+2%; steps it does not fit pay 0.4-0.6 us for its two item counts. The
 #: decoder sets it on NVIDIA; only the NVIDIA builds (sm_90 and portable kernels) have it,
 #: the AMD ones do not (core/schedule.h: SGPRs).
