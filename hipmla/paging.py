@@ -61,11 +61,7 @@ class KvLayout:
             if self.page_size != 1:
                 raise ValueError(f"page_size: {self.page_size!r} given without a page table "
                                  f"(kv_indices, kv_last_page_len): contiguous rows have no pages")
-            lens = np.diff(indptr.astype(np.int64))
-            if lens.size and int(lens.max()) > MAX_SEQ_TOKENS:
-                s = int(np.argmax(lens))
-                raise ValueError(f"kv_indptr: sequence {s} has {int(lens[s])} tokens, more than a sequence "
-                                 f"may have ({MAX_SEQ_TOKENS}, 2^30)")
+            self._check_seq_tokens()
             return
         b = indptr.shape[0] - 1
         idx = check_array(self.kv_indices, "kv_indices", dtype=(np.int32, np.int64), ndim=1, contiguous=False)
@@ -87,11 +83,17 @@ class KvLayout:
             s = int(np.flatnonzero(bad)[0])
             raise ValueError(f"kv_last_page_len: expected 1..{self.page_size} for a sequence with pages, "
                              f"kv_last_page_len[{s}] = {int(last[s])}")
+        self._check_seq_tokens()
+
+    def _check_seq_tokens(self) -> None:
+        """At most MAX_SEQ_TOKENS a sequence (the kernels' int32 tile counts), in either layout."""
         tokens = self.seq_lens()
         if tokens.size and int(tokens.max()) > MAX_SEQ_TOKENS:
             s = int(np.argmax(tokens))
-            raise ValueError(f"kv_indptr: sequence {s} has {int(tokens[s])} tokens ({int(pages[s])} pages of "
-                             f"{self.page_size}), more than a sequence may have ({MAX_SEQ_TOKENS}, 2^30)")
+            pages = int(self.kv_indptr[s + 1]) - int(self.kv_indptr[s])
+            how = f" ({pages} pages of {self.page_size})" if self.paged else ""
+            raise ValueError(f"kv_indptr: sequence {s} has {int(tokens[s])} tokens{how}, more than a sequence "
+                             f"may have ({MAX_SEQ_TOKENS}, 2^30)")
 
     @classmethod
     def contiguous(cls, seq_lens) -> KvLayout:
