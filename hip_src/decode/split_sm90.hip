@@ -49,18 +49,14 @@
 // of the next tile instead, the two ran one after the other). Thread (row tid / 8, chunks
 // lead + tid % 8 + 8k mod CHUNKS, lead = the row's first chunk on a 128-byte line: each copy
 // instruction writes whole lines, see issue_tile) reads one page-table entry per tile
-// through kv_rows().row(). Stages start on lines too. On the H200 (fp8, 64 x 8k / 256 x 8k,
-// L2 flushed) the two took the tile's copies from ~12 shared-memory wavefronts per copy
-// instruction to 4 and the kernel from 144.6 / 458.8 us (aligned stages alone: 131.2 /
-// 458.8) to 125.5 / 440.3 us; bf16 and mxfp4 unchanged. MXFP4 E8M0 bytes are read
+// through kv_rows().row(). Stages start on lines too (whole-line copies took fp8's tile
+// from ~12 shared-memory wavefronts a copy instruction to 4). MXFP4 E8M0 bytes are read
 // with plain loads one ring ahead, issued before the tile's copies, and stored as bf16x2
 // multipliers one tile later (a whole tile of math hides their latency; the prologue has
 // all its tiles' bytes in flight at once and stores them after Q's fragments), in the
 // order [row % 8][block][row / 8] (mult_index): a lane's 4 n-tiles of one block are 16
-// bytes, so it loads its latent and rope multipliers of a tile in 2 loads, not 8. Issued
-// after the copies they waited behind them: on the H200 (scripts/sm90_timeline.py,
-// scripts/results/h200-2026-12-02-sm90-timeline*.txt) the prologue took 4.5 / 5.5 us at
-// 32 x 1k / 64 x 1k against fp8's 1.5, and 2.8 / 3.3 us once they went first.
+// bytes, so it loads its latent and rope multipliers of a tile in 2 loads, not 8. (Issued
+// after the copies, they waited behind them.)
 // Barriers per tile: fp8 / mxfp4 (EARLY_WAIT) 2 -- the wait for tile + 1 sits before the
 // softmax -> P.V barrier, which then also publishes the next stage; bf16 (2 stages) 3.
 // Prologue and epilogue: the row's Q (18 KiB) is copied into shared memory by 16-byte
@@ -68,11 +64,9 @@
 // group, in flight beside the first tiles', and the fragments are built from there once
 // it has landed (one memory latency for both, not Q's and then the tiles'); O goes back
 // through the ring after the last tile and leaves in 16-byte stores (8-byte for the bf16
-// output) of whole head rows. Read or written from the fragments directly they were 2- and
-// 4-byte accesses a sector each: on the H200 that cost more than the tiles of a short item
-// (KERNELS.md, "sm_90: what was measured, tried and dropped"). The stores go through
-// store_global: through reinterpret_cast pointers NVVM split them into 4-byte stores
-// (until 2026-12-03).
+// output) of whole head rows: read or written from the fragments directly they would be 2-
+// and 4-byte accesses a sector each. The stores go through store_global (through
+// reinterpret_cast pointers NVVM splits them into 4-byte stores).
 // Dynamic shared memory: sizeof(Smem) = hipmla.kernels.sm90_shared_bytes(kv_format)
 // (the kernel traps if it gets less).
 //
@@ -113,15 +107,7 @@
 // the O rescale adds 32 (a tile that lowers alpha), the
 // max chain 19 (a tile that raises the running max), a paged cache's page-table read 15.
 // mxfp4's K dequantization (56 shifts and 48 lop3 for the 32 latent words, 2 multiplies and
-// 2 lop3 for each of the 4 rope words, 36 bf16x2 multiplies) is ~156 of the 392. Before
-// (2026-12-02, straight path 422 / 371 / 214): each n-tile loaded its own 2 multipliers
-// (8 loads a tile), the stage index was tile % 6 (a division), and_bits held its mask in a
-// register, and the P / alpha destinations were rebuilt from the thread index every tile
-// (loop_invariant keeps them); on the H200 (A/B in one process, L2 flushed,
-// scripts/results/h200-2026-12-02-sm90-ab-66090b1.txt) mxfp4 went 133.8 -> 130.9 us at
-// 64 x 8k and 480.9 -> 469.3 at 256 x 8k, fp8 and bf16 within 0.8%. (Earlier: 498 before
-// the rope bytes were placed by two multiplies, the E8M0 loads moved ahead of the copies
-// and their multipliers made by a min and a multiply-add.)
+// 2 lop3 for each of the 4 rope words, 36 bf16x2 multiplies) is ~156 of the 392.
 //
 // Measurements, ablations and the designs tried and dropped (mma.sync rates, wgmma, bulk
 // copies, V through shared memory, software pipelining ...): hip_src/KERNELS.md, "sm_90: what
