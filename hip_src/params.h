@@ -5,7 +5,8 @@
 // Shape vocabulary: b = batch (sequences), h_q = query heads (16 x head_groups), t_q =
 // query tokens of the step (b with q_len 1), d_qk = 576, d_v = 512, n_slots = split partial
 // slots (sized once by the decoder for its largest step). A "row" is 16 heads of one query
-// token: row = query token x head_groups + head group; every kernel computes 16 heads. The
+// token: row = query token x head_groups + head group; every kernel computes 16 heads (a
+// model of 8 heads fills half of them: heads_in_row, core/paged.h head_index). The
 // 64-row sm_90a kernel's schedule row is 64 heads (head_groups = h_q / 64) or, below 64
 // heads, row_tokens = 64 / h_q query tokens of them; it keys q, out, lse, counters and
 // partials by rows of 16 heads all the same.
@@ -54,7 +55,7 @@ struct MlaDecodeParams {
                                      //      (a raw address: the caller's promise); -1: none (an empty cache)
     int32_t n_indices;               // paged: entries of kv_indices: no entry past it is read; 0: unknown;
                                      //      -1: none (kv_indices must still be non-null: it selects paging)
-    int32_t head_groups;             // h_q / 16 (1, 2, 4 or 8; the 64-row kernel max(h_q / 64, 1))
+    int32_t head_groups;             // h_q / 16 (1, 2, 4 or 8; 8 heads: 1; the 64-row kernel max(h_q / 64, 1))
     int32_t q_tokens;                // t_q: rows of q / out / lse; with qo_indptr no entry past it is used
     int32_t split_max_ranges;        // > 0: most token ranges (items of a row) per sequence; 0: no cap
     int32_t split_long_range;        // ... unless ceil(len / this) is more: ranges this long are worth a slot
@@ -66,4 +67,7 @@ struct MlaDecodeParams {
                                      //      two longer chunks that gives at most that many (core/schedule.h)
     int32_t row_tokens;              // query tokens of a schedule row (0 or 1: one; the 64-row sm_90a kernel
                                      //      with fewer than 64 heads: 64 / h_q, a row of 64 query rows)
+    int32_t heads_in_row;            // heads of q / out / lse in a row of 16: h_q below 16 (8), else 16 (0: 16);
+                                     //      the 16-head kernels give the row's other heads zero Q and write
+                                     //      nothing of them (not the 64-row kernel: 16+ heads only)
 };

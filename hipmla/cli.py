@@ -13,7 +13,7 @@ import numpy as np
 from hipmla import __version__
 from hipmla.formats import KV_FORMATS
 from hipmla.inputs import benchmark_shapes, make_sampled_inputs
-from hipmla.queries import MAX_Q_LEN
+from hipmla.queries import HEAD_COUNTS, MAX_Q_LEN
 from hipmla.reference import mla_decode_reference
 
 #: Loose tolerance against exact attention, per Q precision: |out - ref| <= tol * (1 + mag),
@@ -455,7 +455,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="comma-separated subset, e.g. 4x1k,256x8k")
     c.add_argument("--seed", type=non_negative_int, default=0,
                    help="seed of the inputs (each sequence's data depends on the seed and its index only)")
-    c.add_argument("--heads", type=int, default=16, choices=(16, 32, 64, 128),
+    c.add_argument("--heads", type=int, default=16, choices=HEAD_COUNTS,
                    help="query heads (default 16)")
     c.add_argument("--q-len", type=int_at_least(1, MAX_Q_LEN), default=1,
                    help="query tokens per sequence (MTP; default 1)")

@@ -26,6 +26,7 @@ from pathlib import Path
 # Shapes, formats and the tile are the numerics' (mirrored in hip_src/common/config.h).
 from hipmla.emulate import FAST_SCHEDULES, Q_PRECISIONS, SM90_TILE_TOKENS, TILE_TOKENS
 from hipmla.formats import KV_FORMATS
+from hipmla.queries import PADDED_HEADS
 from hipmla.reference import D_QK, D_V, HEADS
 from hipmla.schedule import DEFAULT_ITEMS_PER_CU, row_shape
 
@@ -109,6 +110,7 @@ class DecodeParams(ctypes.Structure):
         ("split_lone_max_ranges", ctypes.c_int32),
         ("split_fit", ctypes.c_int32),  # 0: no fit
         ("row_tokens", ctypes.c_int32),  # query tokens a schedule row (0, 1: one)
+        ("heads_in_row", ctypes.c_int32),  # heads of q / out / lse in a row of 16: h_q below 16, else 16 (0: 16)
     ]
 
     def set_split(self, policy) -> None:
@@ -153,12 +155,16 @@ class KernelSpec:
 
     def serves_heads(self, heads: int) -> bool:
         """Whether a model of ``heads`` heads fills this kernel's rows: with a multiple of
-        ``row_heads`` heads, or (16+ heads dividing it) with row_heads / heads query tokens."""
+        ``row_heads`` heads, or (16+ heads dividing it) with row_heads / heads query tokens;
+        a kernel of 16-head rows also serves fewer heads (PADDED_HEADS) in part of each row."""
+        if self.row_heads == HEADS and heads in PADDED_HEADS:
+            return True
         return heads % self.row_heads == 0 or (heads >= HEADS and self.row_heads % heads == 0)
 
     def schedule_rows(self, heads: int) -> tuple[int, int]:
-        """``(p.head_groups, p.row_tokens)`` for ``heads`` heads (hipmla.schedule.row_shape)."""
-        return row_shape(heads, self.row_heads)
+        """``(p.head_groups, p.row_tokens)`` for ``heads`` heads (hipmla.schedule.row_shape;
+        fewer than 16 heads are one row of one query token)."""
+        return row_shape(max(heads, HEADS), self.row_heads)
 
     def options(self, arch: str) -> list[str]:
         """``-D`` options for ``arch`` (``"gfx950"``, ``"gfx942:sramecc+:xnack-"``,

@@ -92,8 +92,8 @@ FIT_EIGHTHS = (1, 4)
 #: usual, lone and both fit splits in one 64-bit scan, 16 bits each.
 FIT_MAX_ROWS = 1 << 15
 
-#: heads / 16 of the head counts a decoder may serve.
-HEAD_GROUPS = tuple(h // 16 for h in HEAD_COUNTS)
+#: heads / 16 of the head counts a decoder may serve (fewer than 16 heads are one group).
+HEAD_GROUPS = tuple(sorted({max(h // 16, 1) for h in HEAD_COUNTS}))
 #: Query tokens a schedule row may hold: 1, or 64 / heads for the 64-row sm_90a kernel
 #: below 64 heads (p.row_tokens).
 ROW_TOKENS = (1, 2, 4)
@@ -280,7 +280,8 @@ def split_ranges(lens: np.ndarray, rows: np.ndarray, policy: SplitPolicy,
 def check_head_groups(head_groups) -> int:
     if isinstance(head_groups, bool) or not isinstance(head_groups, (int, np.integer)) \
             or int(head_groups) not in HEAD_GROUPS:
-        raise ValueError(f"head_groups: expected one of {HEAD_GROUPS} (16, 32, 64 or 128 heads), got {head_groups!r}")
+        raise ValueError(f"head_groups: expected one of {HEAD_GROUPS} (up to 16, 32, 64 or 128 heads), "
+                         f"got {head_groups!r}")
     return int(head_groups)
 
 

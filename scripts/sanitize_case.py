@@ -4,7 +4,7 @@
 Covers the irregular paths: an empty sequence, a 1-token sequence, tails that are not
 multiples of the 64-token tile, a sequence long enough to be split (so its items merge
 the partials in the kernel, core/merge.h), page tables of page size 1 and 16 with
-pages in random order, several query tokens at 32 heads, a ragged step whose usual
+pages in random order, several query tokens at 8 and 32 heads, a ragged step whose usual
 split has more items than slots, so the fit's longer chunk runs (NVIDIA; on by default
 there), fp8 / mxfp4 Q (quantized in the block), and 64 / 128 heads (on sm_90 an mxfp4
 or fp8 cache then runs the 64-head kernel). Exits non-zero if any output is non-finite or far from the emulator.
@@ -55,9 +55,11 @@ def main() -> int:
 def query_rows(fmt: str, rng) -> float:
     """16 heads x q_len 0..6 ragged and 32 heads x 0..3, page table of 16, the decoder given
     q_len 4 / 2 (on sm_90 an mxfp4 or fp8 cache runs the 64-row kernel with rows of 4 / 2 query
-    tokens, some of fewer): the worst |device - emulator|."""
+    tokens, some of fewer), and 8 heads x 0..5 (half of each 16-head row: nothing may be read
+    or written past the model's 8 heads): the worst |device - emulator|."""
     worst = 0.0
-    for heads, q_lens in ((16, np.array([4, 0, 1, 6, 3, 4])), (32, np.array([2, 1, 0, 3, 2, 2]))):
+    for heads, q_lens in ((16, np.array([4, 0, 1, 6, 3, 4])), (32, np.array([2, 1, 0, 3, 2, 2])),
+                          (8, np.array([3, 1, 0, 2, 5, 1]))):
         lens = LENS + q_lens
         qo = np.concatenate([[0], np.cumsum(q_lens)])
         layout = random_page_table(lens, 16, rng, spare_pages=3)

@@ -52,7 +52,7 @@ def test_decoder_config_validates():
         decode.DecoderConfig("mxfp4", -1.0)
     with pytest.raises(ValueError, match="heads"):
         decode.DecoderConfig("mxfp4", 0.1, heads=48)
-    assert [decode.DecoderConfig("mxfp4", 0.1, heads=h).heads for h in (16, 32, 64, 128)] == [16, 32, 64, 128]
+    assert [decode.DecoderConfig("mxfp4", 0.1, heads=h).heads for h in (8, 16, 32, 64, 128)] == [8, 16, 32, 64, 128]
 
 
 def test_fp8_variant_follows_arch():

@@ -40,6 +40,7 @@ from hipmla.kernels import (
 from host_harness import host_source
 from hipmla.paging import KvLayout, random_page_table, scatter, take_rows
 from hipmla.reference import mla_decode_reference
+from hipmla.queries import heads_in_row
 from hipmla.schedule import SplitPolicy, schedule
 
 CLANG = shutil.which("clang++-22")
@@ -469,11 +470,13 @@ def run_on_host(host_kernels, q, kv: KVCache, layout: KvLayout, policy: SplitPol
     must reset."""
     batch = layout.batch
     t_q, heads = q.shape[0], q.shape[1]
-    rows = t_q * heads // 16
-    groups, row_tokens = spec.schedule_rows(heads) if spec is not None else (heads // 16, 1)
+    rows = t_q * max(heads // 16, 1)  # rows of 16 heads (8 heads fill half of one)
+    groups, row_tokens = spec.schedule_rows(heads) if spec is not None else (max(heads // 16, 1), 1)
     slots = spec.row_heads // 16 if spec is not None else 1  # 16-head partial slots an item
-    out = np.full((t_q, heads, 512), 0x7FC1, dtype=np.uint16)  # NaN: unwritten output shows
-    lse = np.full((t_q, heads), np.nan, dtype=np.float32)
+    # NaN: unwritten output shows; one more query token's worth after the step's, which no
+    # kernel may write (a head index past the model's heads, a row past t_q).
+    out = np.full((t_q + 1, heads, 512), 0x7FC1, dtype=np.uint16)
+    lse = np.full((t_q + 1, heads), np.nan, dtype=np.float32)
     grid = policy.max_items(t_q * groups)
     part_acc = np.full((grid * slots, 16, 512), np.nan, dtype=np.float32)
     part_ml = np.full((grid * slots, 16, 2), np.nan, dtype=np.float32)
@@ -499,6 +502,7 @@ def run_on_host(host_kernels, q, kv: KVCache, layout: KvLayout, policy: SplitPol
         batch=batch, page_shift=layout.page_size.bit_length() - 1,
         errors=_ptr(errors), kv_rows=kv_rows, n_indices=n_indices,
         head_groups=groups, q_tokens=t_q, placement=_ptr(words), placement_sms=placement_sms, row_tokens=row_tokens,
+        heads_in_row=heads_in_row(heads),
     )
     p.set_split(policy)
     launch = host_kernels(spec or split_kernel(kv.format, q_precision), arch)
@@ -511,7 +515,8 @@ def run_on_host(host_kernels, q, kv: KVCache, layout: KvLayout, policy: SplitPol
             launch.sms(0)
     assert words is None or not words.any(), f"placement words left {words}"
     del keep
-    return out.view(ml_dtypes.bfloat16).astype(np.float32), lse, counters
+    assert (out[t_q] == 0x7FC1).all() and np.isnan(lse[t_q]).all(), "a kernel wrote past the step's output"
+    return out[:t_q].view(ml_dtypes.bfloat16).astype(np.float32), lse[:t_q], counters
 
 
 # Lengths that hit the empty sequence, a single token, exact tiles, partial tails and
@@ -887,6 +892,47 @@ def test_several_query_tokens_and_heads_on_cpu_match_emulator_and_reference(host
     # Query token j of n sees len - n + j + 1 tokens: the first token of sequence 0 sees one.
     k0 = kv.dequantize(layout.rows(0, 0, 1))
     np.testing.assert_allclose(ref_out[0], np.broadcast_to(k0[0, :512], (heads, 512)), rtol=1e-6)
+
+
+@pytest.mark.parametrize("kv_format, q_precision, arch, kernel", [
+    ("mxfp4", "bf16", "gfx950", "portable"), ("fp8", "fp8", "gfx950", "portable"),
+    ("mxfp4", "bf16", "sm_90", "sm90"), ("fp8", "bf16", "sm_90", "sm90"), ("bf16", "mxfp4", "sm_90", "sm90"),
+    ("mxfp4", "bf16", "gfx950", "fast"), ("mxfp4", "mxfp4", "gfx950", "fast"),
+    ("fp8", "bf16", "gfx942", "fast"), ("mxfp4", "bf16", "gfx942", "fast")])
+def test_eight_heads_on_cpu_are_the_first_half_of_sixteen(host_kernels, kv_format, q_precision, arch, kernel):
+    """A model of 8 heads (DeepSeek-V3 at TP16, Kimi K2 at TP8) fills half of each 16-head
+    row: every kernel reads its q and writes its out and lse at 8 heads a query token, and
+    gives exactly what it gives the same heads with 8 zero heads after them; ragged query
+    tokens, split rows, a paged cache. Nothing is written past the step's output."""
+    spec = {"portable": None, "sm90": kernels.sm90_split_kernel(kv_format, q_precision),
+            "fast": kernels.fast_split_kernel(arch, kv_format, q_precision)}[kernel]
+    assert spec is None or spec.serves_heads(8)
+    fp8_variant = "e4m3fnuz" if arch == "gfx942" else "e4m3fn"
+    rng = np.random.default_rng(len(kv_format) + len(q_precision) + len(arch))
+    # The step's last row is a split row (merged) in one order, a row of one item (written
+    # by its block) in the other: a head past the 8 written from either would land in the
+    # guard run_on_host keeps after the output.
+    for lens, q_lens in (([3, 70, 2, 129, 0, 40, 300], [3, 4, 1, 2, 0, 1, 1]),
+                         ([300, 40, 0, 129, 2, 70, 3], [1, 1, 0, 2, 1, 4, 3])):
+        qo = np.concatenate([[0], np.cumsum(q_lens)])
+        layout = random_page_table(np.array(lens), 16, rng, spare_pages=3)
+        rows = int(layout.kv_indices.max(initial=0) + 1) * 16
+        kv = (quantize_kv(rng.standard_normal((rows, 576), dtype=np.float32), "bf16") if kv_format == "bf16"
+              else random_cache(rows, kv_format, rng, scale_stride=24, fp8_variant=fp8_variant))
+        q8 = rng.standard_normal((int(qo[-1]), 8, 576), dtype=np.float32).astype(ml_dtypes.bfloat16)
+        q16 = np.concatenate([q8, np.zeros_like(q8)], axis=1)
+        errors = np.zeros(1, np.int32)
+        out8, lse8, counters = run_on_host(host_kernels, q8, kv, layout, POLICY, 1 / 24, q_precision, arch, errors,
+                                           qo, spec=spec)
+        out16, lse16, _ = run_on_host(host_kernels, q16, kv, layout, POLICY, 1 / 24, q_precision, arch, None, qo,
+                                      spec=spec)
+        assert errors[0] == 0 and (counters == 0).all()
+        assert np.isfinite(out8).all() and not np.isnan(lse8).any()  # every head of every query token written
+        assert np.array_equal(out8.view(np.uint32), out16[:, :8].view(np.uint32))
+        assert np.array_equal(lse8.view(np.uint32), lse16[:, :8].view(np.uint32))
+        if q_precision == "bf16":  # and the right values: exact attention over the same cache
+            ref_out, _ = mla_decode_reference(q8, kv, layout, 1 / 24, qo_indptr=qo)
+            assert np.abs(out8 - ref_out).max() <= 2e-2 * np.abs(ref_out).max()
 
 
 @pytest.mark.parametrize("kind", ["decreasing indptr", "rows past the cache", "page past the cache",

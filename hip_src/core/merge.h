@@ -171,7 +171,8 @@ HIPMLA_DEVICE void merge_columns(const MlaDecodeParams& p, const WorkItem& it, i
     }
 
     const bool zero = big_l <= 0.0f;  // all slots empty; NaN (a bad item's slot) stays NaN
-    u32x2* out = reinterpret_cast<u32x2*>(static_cast<unsigned short*>(p.out) + ((long long)it.row * HEADS + h) * D_V);
+    if (h >= heads_in_row(p)) return;  // a head the model does not have: no output
+    u32x2* out = reinterpret_cast<u32x2*>(static_cast<unsigned short*>(p.out) + head_index(p, it.row, h) * D_V);
 #pragma unroll
     for (int k = 0; k < STEPS; ++k) {
         const int g = g0 + i + LANES * k;
@@ -181,7 +182,7 @@ HIPMLA_DEVICE void merge_columns(const MlaDecodeParams& p, const WorkItem& it, i
         if (g < g1) out[g] = u32x2{pack_bf16x2(o[0], o[1]), pack_bf16x2(o[2], o[3])};
     }
     if (lse && i == 0 && p.lse != nullptr) {
-        p.lse[(long long)it.row * HEADS + h] = zero ? neg_inf : (big_m + log2_f32(big_l)) * 0.6931471805599453f;
+        p.lse[head_index(p, it.row, h)] = zero ? neg_inf : (big_m + log2_f32(big_l)) * 0.6931471805599453f;
     }
 }
 

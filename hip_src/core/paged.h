@@ -81,6 +81,16 @@ HIPMLA_DEVICE SeqQuery seq_query(const MlaDecodeParams& p, int seq) {
 HIPMLA_DEVICE int head_groups(const MlaDecodeParams& p) { return p.head_groups > 1 ? p.head_groups : 1; }
 // Query tokens of a schedule row; a struct that never set it (0) means 1.
 HIPMLA_DEVICE int row_tokens(const MlaDecodeParams& p) { return p.row_tokens > 1 ? p.row_tokens : 1; }
+// Heads of q / out / lse in a row of 16 (a model of fewer heads, 8, fills part of the
+// kernels' 16); a struct that never set it (0) means 16. Head h of a row exists for
+// h < heads_in_row: its q, out and lse entry is head_index(p, row, h); the others get
+// zero Q and write nothing.
+HIPMLA_DEVICE int heads_in_row(const MlaDecodeParams& p) {
+    return p.heads_in_row > 0 && p.heads_in_row < HEADS ? p.heads_in_row : HEADS;
+}
+HIPMLA_DEVICE long long head_index(const MlaDecodeParams& p, int row, int h) {
+    return (long long)row * heads_in_row(p) + h;
+}
 // Rows of the step (16 heads of one query token each): q_tokens x groups with qo_indptr, else batch x groups.
 HIPMLA_DEVICE long long step_rows(const MlaDecodeParams& p) {
     return (long long)(p.qo_indptr != nullptr ? p.q_tokens : p.batch) * head_groups(p);

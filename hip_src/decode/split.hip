@@ -148,9 +148,12 @@ HIPMLA_DEVICE void stage_scales(Smem& sm, const MlaDecodeParams& p, KvRows kv, i
 // Q of the sequence into shared memory, quantized in place when QP asks for it.
 HIPMLA_DEVICE void load_q(Smem& sm, const MlaDecodeParams& p, int row) {
     constexpr int chunks = HEADS * D_QK * 2 / 16;
-    const u32x4* src = static_cast<const u32x4*>(p.q) + (long long)row * chunks;
+    constexpr int head_chunks = D_QK * 2 / 16;
+    // The row's existing heads (heads_in_row), zeros for the rest of the 16.
+    const int present = heads_in_row(p) * head_chunks;
+    const u32x4* src = static_cast<const u32x4*>(p.q) + head_index(p, row, 0) * head_chunks;
     for (int c = int(thread_index()); c < chunks; c += BLOCK_THREADS) {
-        reinterpret_cast<u32x4*>(sm.q)[c] = src[c];
+        reinterpret_cast<u32x4*>(sm.q)[c] = c < present ? src[c] : u32x4{0u, 0u, 0u, 0u};
     }
     if (QP == FORMAT_BF16) return;
     block_sync();
@@ -340,9 +343,9 @@ HIPMLA_KERNEL(hipmla::BLOCK_THREADS) void HIPMLA_SPLIT_NAME(const MlaDecodeParam
         if (slot >= 0) {
             p.part_ml[(slot * HEADS + mh) * 2] = m_run;
             p.part_ml[(slot * HEADS + mh) * 2 + 1] = l;
-        } else if (p.lse != nullptr) {
+        } else if (p.lse != nullptr && mh < heads_in_row(p)) {
             // l = 0 only for an empty sequence; NaN (a bad item) stays NaN.
-            p.lse[(long long)row * HEADS + mh] = !(l <= 0.0f) ? (m_run + log2_f32(l)) * 0.6931471805599453f : neg_inf;
+            p.lse[head_index(p, row, mh)] = !(l <= 0.0f) ? (m_run + log2_f32(l)) * 0.6931471805599453f : neg_inf;
         }
     }
     block_sync();
@@ -363,11 +366,11 @@ HIPMLA_KERNEL(hipmla::BLOCK_THREADS) void HIPMLA_SPLIT_NAME(const MlaDecodeParam
                 if (slot >= 0) {
                     float* dst = p.part_acc + ((long long)slot * HEADS + head) * D_V + col + e;
                     *reinterpret_cast<f32x2*>(dst) = f32x2{a0, a1};
-                } else {
+                } else if (head < heads_in_row(p)) {
                     // An empty sequence has l = 0 and acc = 0: its output is 0 (a bad one NaN).
                     const float o0 = !(l <= 0.0f) ? a0 / l : 0.0f;
                     const float o1 = !(l <= 0.0f) ? a1 / l : 0.0f;
-                    unsigned* dst = static_cast<unsigned*>(p.out) + (((long long)row * HEADS + head) * D_V + col + e) / 2;
+                    unsigned* dst = static_cast<unsigned*>(p.out) + (head_index(p, row, head) * D_V + col + e) / 2;
                     *dst = pack_bf16x2(o0, o1);
                 }
             }

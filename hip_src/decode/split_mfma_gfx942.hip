@@ -270,16 +270,21 @@ struct QSlice {
     u32x4 c[CHUNKS][2];
     u32x2 rope;
 };
+// A head past heads_in_row (a model of fewer than 16) reads head 0's row and keeps zeros.
 HIPMLA_DEVICE QSlice load_q(const MlaDecodeParams& p, int row, int w) {
-    const unsigned short* q = static_cast<const unsigned short*>(p.q) + ((long long)row * HEADS + lane_col()) * D_QK;
+    const bool present = lane_col() < heads_in_row(p);
+    const unsigned short* q =
+        static_cast<const unsigned short*>(p.q) + head_index(p, row, present ? lane_col() : 0) * D_QK;
+    const u32x4 z4 = {0u, 0u, 0u, 0u};
     QSlice s;
 #pragma unroll
     for (int j = 0; j < CHUNKS; ++j) {
         const u32x4* src = reinterpret_cast<const u32x4*>(q + chunk_elem(w, j, lane_rowgroup()));
-        s.c[j][0] = src[0];
-        s.c[j][1] = src[1];
+        s.c[j][0] = present ? src[0] : z4;
+        s.c[j][1] = present ? src[1] : z4;
     }
-    s.rope = *reinterpret_cast<const u32x2*>(q + rope_elem(w, lane_rowgroup()));
+    const u32x2 rope = *reinterpret_cast<const u32x2*>(q + rope_elem(w, lane_rowgroup()));
+    s.rope = present ? rope : u32x2{0u, 0u};
     return s;
 }
 
@@ -573,8 +578,8 @@ HIPMLA_KERNEL(hipmla::fast942::THREADS) void HIPMLA_FAST_NAME(const MlaDecodePar
         if (slot >= 0) {
             p.part_ml[(slot * HEADS + my_head) * 2] = big_m;
             p.part_ml[(slot * HEADS + my_head) * 2 + 1] = big_l;
-        } else if (p.lse != nullptr) {
-            p.lse[(long long)row * HEADS + my_head] =
+        } else if (p.lse != nullptr && my_head < heads_in_row(p)) {
+            p.lse[head_index(p, row, my_head)] =
                 big_l <= 0.0f ? f32_from_bits(0xff800000u) : (big_m + log2_f32(big_l)) * 0.6931471805599453f;
         }
     }
@@ -594,9 +599,9 @@ HIPMLA_KERNEL(hipmla::fast942::THREADS) void HIPMLA_FAST_NAME(const MlaDecodePar
                 float* dst = p.part_acc + ((long long)slot * HEADS + h) * D_V + col;
 #pragma unroll
                 for (int n = 0; n < ELEMS_PER_DWORD; n += 2) *reinterpret_cast<f32x2*>(dst + n) = f32x2{v[n], v[n + 1]};
-            } else {
+            } else if (h < heads_in_row(p)) {
                 unsigned* dst = reinterpret_cast<unsigned*>(static_cast<unsigned short*>(p.out) +
-                                                            ((long long)row * HEADS + h) * D_V + col);
+                                                            head_index(p, row, h) * D_V + col);
 #pragma unroll
                 for (int n = 0; n < ELEMS_PER_DWORD; n += 2) dst[n / 2] = pack_bf16x2(v[n] / denom, v[n + 1] / denom);
             }

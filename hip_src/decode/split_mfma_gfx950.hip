@@ -225,17 +225,20 @@ HIPMLA_DEVICE unsigned e2m1_code(float r) {
 
 // Quantizes Q of `seq` block by block (OCP floor rule, RNE, saturating) into element
 // codes + E8M0 in shared memory: the numerics of hip_src/KERNELS.md step 1.
+// Heads past heads_in_row (a model of fewer than 16) read head 0's values as zeros.
 HIPMLA_DEVICE void stage_q(QStage& qs, const MlaDecodeParams& p, int row) {
-    const unsigned short* q = static_cast<const unsigned short*>(p.q) + (long long)row * HEADS * D_QK;
+    const unsigned short* q = static_cast<const unsigned short*>(p.q) + head_index(p, row, 0) * D_QK;
+    const int present = heads_in_row(p);
     for (int b = int(thread_index()); b < HEADS * SCALES; b += THREADS) {
         const int h = b / SCALES, blk = b % SCALES;
-        const unsigned short* x = q + h * D_QK + blk * MX_BLOCK;
+        const unsigned keep = h < present ? 0xffffffffu : 0u;
+        const unsigned short* x = q + (h < present ? h : 0) * D_QK + blk * MX_BLOCK;
         float v[MX_BLOCK];
         float amax = 0.0f;
 #pragma unroll
         for (int c = 0; c < MX_BLOCK / 8; ++c) {
             const u32x4 w = *reinterpret_cast<const u32x4*>(x + 8 * c);
-            const unsigned ws[4] = {w.x, w.y, w.z, w.w};
+            const unsigned ws[4] = {w.x & keep, w.y & keep, w.z & keep, w.w & keep};
 #pragma unroll
             for (int k = 0; k < 4; ++k) {
                 v[8 * c + 2 * k] = f32_from_bits(ws[k] << 16);
@@ -262,14 +265,16 @@ HIPMLA_DEVICE void stage_q(QStage& qs, const MlaDecodeParams& p, int row) {
     }
 }
 
-// bf16 Q of `row` into LDS as it is ([head][dim]): 16-byte chunks, 4.5 per thread.
+// bf16 Q of `row` into LDS as it is ([head][dim]): 16-byte chunks, 4.5 per thread; zeros
+// for the heads past heads_in_row (a model of fewer than 16).
 HIPMLA_DEVICE void stage_q_bf16(unsigned short* qs, const MlaDecodeParams& p, int row) {
     const u32x4* q = reinterpret_cast<const u32x4*>(static_cast<const unsigned short*>(p.q) +
-                                                    (long long)row * HEADS * D_QK);
+                                                    head_index(p, row, 0) * D_QK);
     u32x4* dst = reinterpret_cast<u32x4*>(qs);
     constexpr int PER_HEAD = D_QK / 8;
+    const int present = heads_in_row(p) * PER_HEAD;
     for (int c = int(thread_index()); c < HEADS * PER_HEAD; c += THREADS)
-        dst[(c / PER_HEAD) * (Q_STRIDE / 8) + c % PER_HEAD] = q[c];
+        dst[(c / PER_HEAD) * (Q_STRIDE / 8) + c % PER_HEAD] = c < present ? q[c] : u32x4{0u, 0u, 0u, 0u};
 }
 
 // This lane's B operand (Q^T: column = head lane_col) of k-step s, and its scale.
@@ -603,8 +608,8 @@ HIPMLA_KERNEL(hipmla::fast950::THREADS) void HIPMLA_FAST_NAME(const MlaDecodePar
     if (slot >= 0 && lane < HEADS && w == 0) {
         p.part_ml[(slot * HEADS + h) * 2] = big_m;
         p.part_ml[(slot * HEADS + h) * 2 + 1] = big_l;
-    } else if (slot < 0 && lane < HEADS && w == 0 && p.lse != nullptr) {
-        p.lse[(long long)row * HEADS + h] = big_l <= 0.0f ? f32_from_bits(0xff800000u) : (big_m + log2_f32(big_l)) * 0.6931471805599453f;
+    } else if (slot < 0 && lane < HEADS && w == 0 && p.lse != nullptr && h < heads_in_row(p)) {
+        p.lse[head_index(p, row, h)] = big_l <= 0.0f ? f32_from_bits(0xff800000u) : (big_m + log2_f32(big_l)) * 0.6931471805599453f;
     }
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
@@ -616,8 +621,8 @@ HIPMLA_KERNEL(hipmla::fast950::THREADS) void HIPMLA_FAST_NAME(const MlaDecodePar
             f32x4* dst = reinterpret_cast<f32x4*>(p.part_acc + ((long long)slot * HEADS + h) * D_V + col);
             dst[0] = f32x4{v[0], v[1], v[2], v[3]};
             dst[1] = f32x4{v[4], v[5], v[6], v[7]};
-        } else {
-            u32x4* dst = reinterpret_cast<u32x4*>(static_cast<unsigned short*>(p.out) + ((long long)row * HEADS + h) * D_V + col);
+        } else if (h < heads_in_row(p)) {
+            u32x4* dst = reinterpret_cast<u32x4*>(static_cast<unsigned short*>(p.out) + head_index(p, row, h) * D_V + col);
             *dst = u32x4{pack_bf16x2(v[0] / denom, v[1] / denom), pack_bf16x2(v[2] / denom, v[3] / denom),
                          pack_bf16x2(v[4] / denom, v[5] / denom), pack_bf16x2(v[6] / denom, v[7] / denom)};
         }

@@ -302,8 +302,11 @@ extern "C" __global__ void __launch_bounds__(hipmla::sm90k::THREADS, 2) HIPMLA_S
     // flight beside the prologue's tiles (whose page-table reads would otherwise follow
     // Q's memory latency instead of overlapping it).
     {
-        const unsigned short* qg = static_cast<const unsigned short*>(p.q) + (long long)row * HEADS * D_QK;
-        for (int i = tid; i < HEADS * D_QK / 8; i += THREADS) cp_async_16(smem_address(sm.x.q + 8 * i), qg + 8 * i, 16u);
+        // Heads past heads_in_row (a model of fewer than 16) are zero-filled, read from nowhere.
+        const unsigned short* qg = static_cast<const unsigned short*>(p.q) + head_index(p, row, 0) * D_QK;
+        const int present = heads_in_row(p) * (D_QK / 8);
+        for (int i = tid; i < HEADS * D_QK / 8; i += THREADS)
+            cp_async_16(smem_address(sm.x.q + 8 * i), qg + 8 * (i < present ? i : 0), i < present ? 16u : 0u);
         cp_async_commit();
     }
     // Producer role: row prow of every tile, E8M0 bytes psub + 8k, and 16-byte chunks
@@ -670,9 +673,9 @@ extern "C" __global__ void __launch_bounds__(hipmla::sm90k::THREADS, 2) HIPMLA_S
         if (slot >= 0) {
             p.part_ml[(slot * HEADS + sh) * 2] = m_run;
             p.part_ml[(slot * HEADS + sh) * 2 + 1] = l;
-        } else if (p.lse != nullptr) {
+        } else if (p.lse != nullptr && sh < heads_in_row(p)) {
             // l = 0 only for an empty sequence; NaN (a bad item) stays NaN.
-            p.lse[(long long)out_row * HEADS + sh] = !(l <= 0.0f) ? (m_run + log2_f32(l)) * 0.6931471805599453f : neg_inf;
+            p.lse[head_index(p, out_row, sh)] = !(l <= 0.0f) ? (m_run + log2_f32(l)) * 0.6931471805599453f : neg_inf;
         }
     }
     block_sync();
@@ -714,13 +717,13 @@ extern "C" __global__ void __launch_bounds__(hipmla::sm90k::THREADS, 2) HIPMLA_S
         const f32x4 a = quad[k];
         if (slot >= 0) {
             store_global(reinterpret_cast<f32x4*>(p.part_acc + ((long long)slot * HEADS + head) * D_V + d), a);
-        } else {
+        } else if (head < heads_in_row(p)) {
             // An empty sequence has l = 0 and O = 0: its output is 0 (a bad one NaN).
             const float lh = sm.l[head];
             const bool keep = !(lh <= 0.0f);
             const unsigned b0 = f32_to_bf16_bits(keep ? a.x / lh : 0.0f), b1 = f32_to_bf16_bits(keep ? a.y / lh : 0.0f);
             const unsigned b2 = f32_to_bf16_bits(keep ? a.z / lh : 0.0f), b3 = f32_to_bf16_bits(keep ? a.w / lh : 0.0f);
-            store_global(reinterpret_cast<u32x2*>(static_cast<unsigned short*>(p.out) + ((long long)out_row * HEADS + head) * D_V + d),
+            store_global(reinterpret_cast<u32x2*>(static_cast<unsigned short*>(p.out) + head_index(p, out_row, head) * D_V + d),
                          u32x2{b0 | (b1 << 16), b2 | (b3 << 16)});
         }
     }
