@@ -187,7 +187,7 @@ def test_mtp_flops_counts_both_products_of_every_score():
     from hipmla.bench import MTP_CASES, mtp_flops
 
     assert mtp_flops(16, 10) == 2 * 16 * 10 * (576 + 512)
-    assert (128, 1) in MTP_CASES and (16, 4) in MTP_CASES
+    assert (128, 1) in MTP_CASES and (16, 4) in MTP_CASES and (8, 1) in MTP_CASES
 
 
 def test_the_commit_measured(monkeypatch):
@@ -201,3 +201,21 @@ def test_the_commit_measured(monkeypatch):
     assert git_commit() == "abc1234"
     monkeypatch.delenv("HIPMLA_COMMIT")
     assert re.fullmatch(r"[0-9a-f]{7,40}(-dirty)?|unknown", git_commit())
+
+
+def test_mtp_peers_leave_the_64_row_kernel_out_below_16_heads():
+    """bench --mtp times the 64-row kernel beside the 16-row one only where it serves the heads
+    (8 heads: Decoder(kernel=...) would refuse it)."""
+    from types import SimpleNamespace
+
+    from hipmla import kernels
+    from hipmla.bench.mtp import _peers
+
+    def fake(heads, symbol):
+        return SimpleNamespace(config=SimpleNamespace(kv_format="mxfp4", q_precision="bf16", heads=heads),
+                               device=SimpleNamespace(arch="sm_90"), kernel_symbol=symbol)
+
+    sixteen, rows64 = kernels.sm90_split_kernel("mxfp4", "bf16"), kernels.sm90_rows64_kernel("mxfp4")
+    assert _peers(fake(8, sixteen.symbol)) == [None]
+    assert _peers(fake(16, sixteen.symbol)) == [None, rows64]
+    assert _peers(fake(64, rows64.symbol)) == [None, sixteen]

@@ -16,8 +16,9 @@ from hipmla.decode import Decoder
 from hipmla.inputs import BENCH_SM_SCALE, random_cache
 from hipmla.paging import KvLayout
 
-#: Several heads / query tokens a sequence: (heads, query tokens per sequence).
-MTP_CASES = ((128, 1), (64, 1), (32, 2), (16, 2), (16, 4))
+#: Several heads / query tokens a sequence: (heads, query tokens per sequence); 8 heads fill
+#: half of each 16-head row.
+MTP_CASES = ((128, 1), (64, 1), (32, 2), (16, 2), (16, 4), (8, 1), (8, 2))
 MTP_BATCHES = (32, 128)
 MTP_KV_LEN = 8192
 
@@ -36,6 +37,8 @@ def _peers(dec: Decoder) -> list[kernels.KernelSpec | None]:
     if dec.device.arch.split(":", 1)[0] != "sm_90" or fmt not in kernels.ROWS64_FORMATS or qp != "bf16":
         return [None]
     rows64 = kernels.sm90_rows64_kernel(fmt)
+    if not rows64.serves_heads(dec.config.heads):  # 8 heads: the 16-row kernel alone
+        return [None]
     return [None, kernels.sm90_split_kernel(fmt, qp) if dec.kernel_symbol == rows64.symbol else rows64]
 
 
