@@ -2,7 +2,7 @@
 //
 // Mirrored in Python by hipmla.kernels.DecodeParams (ctypes); tests/test_kernels.py
 // checks field offsets and the size against this file, so change both together.
-// Shape vocabulary: b = batch (sequences), h_q = query heads (16 x head_groups), t_q =
+// Shape vocabulary: b = batch (sequences), h_q = query heads (16 x head_groups, or 8 in one group), t_q =
 // query tokens of the step (b with q_len 1), d_qk = 576, d_v = 512, n_slots = split partial
 // slots (sized once by the decoder for its largest step). A "row" is 16 heads of one query
 // token: row = query token x head_groups + head group; every kernel computes 16 heads (a

@@ -145,7 +145,7 @@ class Decoder:
     (``hipmla.schedule.FIT_EIGHTHS``); NVIDIA kernels only (None: on there, off on AMD).
     ``q_len``: query tokens a sequence has in the steps this decoder serves (1, or 1 +
     draft tokens with MTP / speculative decoding); it only picks the kernel -- on sm_90
-    with an MXFP4 or fp8 cache and bf16 Q, ``heads x q_len >= 64`` takes the 64-row kernel
+    with an MXFP4 or fp8 cache and bf16 Q, ``heads x q_len >= 64`` (16+ heads) takes the 64-row kernel
     (:data:`hipmla.kernels.ROWS64_MIN_ROWS`) -- and every step runs with any query tokens
     a sequence on either kernel."""
 

@@ -100,7 +100,7 @@ class DecodeParams(ctypes.Structure):
         ("fast_tile", ctypes.c_int32),
         ("kv_rows", ctypes.c_int32),  # 0: unknown (raw address); -1: an empty cache
         ("n_indices", ctypes.c_int32),  # 0: unknown; -1: an empty page table
-        ("head_groups", ctypes.c_int32),  # h_q / 16
+        ("head_groups", ctypes.c_int32),  # h_q / 16 (8 heads: 1)
         ("q_tokens", ctypes.c_int32),  # t_q
         ("split_max_ranges", ctypes.c_int32),  # 0: no cap
         ("split_long_range", ctypes.c_int32),
@@ -404,7 +404,7 @@ def main_split_kernel(arch: str, kv_format: str, q_precision: str, heads: int = 
                       q_len: int = 1) -> KernelSpec:
     """The kernel that takes every item a fast kernel does not: on sm_90 the 64-row kernel
     for an MXFP4 or fp8 cache with bf16 Q where a sequence's step has 64+ query rows
-    (``heads`` x ``q_len`` query tokens, at least ROWS64_MIN_ROWS), else the sm_90 tensor-core
+    (``heads`` x ``q_len`` query tokens, at least ROWS64_MIN_ROWS, and 16+ heads), else the sm_90 tensor-core
     kernel (with bf16 Q it ran on the H200 against the emulator: tests/test_sm90.py,
     tests/test_decode_gpu.py; with quantized Q on an H100, in the quantization's first form:
     docs/BENCHMARKS.md, "Quantized Q on sm_90"); elsewhere the portable kernel."""

@@ -153,8 +153,8 @@ class SplitPolicy:
                    lone_items=int(num_cus) if lone else 0, fit=fit)
 
     def max_items(self, rows: int) -> int:
-        """Most items any step of ``rows`` rows gets (rows = query tokens x heads / 16; the
-        batch size with q_len 1 and 16 heads): the grid and the scratch slots. (The lone
+        """Most items any step of ``rows`` rows gets (rows = query tokens x max(heads / 16, 1);
+        the batch size with q_len 1 and 16 heads): the grid and the scratch slots. (The lone
         split runs only with at most ``lone_items`` items.)"""
         if isinstance(rows, bool) or not isinstance(rows, (int, np.integer)) or rows < 1:
             raise ValueError(f"rows: expected an integer >= 1, got {rows!r}")
@@ -301,7 +301,7 @@ def check_row_tokens(row_tokens) -> int:
 
 def schedule(seq_lens, policy: SplitPolicy, q_lens=None, head_groups: int = 1, row_tokens: int = 1) -> Schedule:
     """The device's split of a batch with these kv lengths (and ``q_lens`` query tokens per
-    sequence, default 1 each; ``head_groups`` = heads / 16), item by item in block order.
+    sequence, default 1 each; ``head_groups`` = heads / 16, 1 for 8 heads), item by item in block order.
     ``row_tokens``: query tokens of one row (the 64-row sm_90a kernel below 64 heads: 64 /
     heads; ``head_groups`` is then 1): a row's item covers what its last query token sees."""
     if not isinstance(policy, SplitPolicy):

@@ -1,5 +1,5 @@
 """``bench --mtp``: several heads or query tokens a sequence (128 heads x 1 token, 16 heads
-x 4 tokens, ...), as TFLOP/s against a bf16 matmul and GB/s against the read stream, both
+x 4 tokens, 8 heads x 2 tokens, ...), as TFLOP/s against a bf16 matmul and GB/s against the read stream, both
 measured in the same run."""
 
 from __future__ import annotations
