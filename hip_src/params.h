@@ -6,7 +6,7 @@
 // query tokens of the step (b with q_len 1), d_qk = 576, d_v = 512, n_slots = split partial
 // slots (sized once by the decoder for its largest step). A "row" is 16 heads of one query
 // token: row = query token x head_groups + head group; every kernel computes 16 heads (a
-// model of 8 heads fills half of them: heads_in_row, core/paged.h head_index). The
+// model of fewer, e.g. 8, fills part of them: heads_in_row, core/paged.h head_index). The
 // 64-row sm_90a kernel's schedule row is 64 heads (head_groups = h_q / 64) or, below 64
 // heads, row_tokens = 64 / h_q query tokens of them; it keys q, out, lse, counters and
 // partials by rows of 16 heads all the same.
@@ -67,7 +67,7 @@ struct MlaDecodeParams {
                                      //      two longer chunks that gives at most that many (core/schedule.h)
     int32_t row_tokens;              // query tokens of a schedule row (0 or 1: one; the 64-row sm_90a kernel
                                      //      with fewer than 64 heads: 64 / h_q, a row of 64 query rows)
-    int32_t heads_in_row;            // heads of q / out / lse in a row of 16: h_q below 16 (8), else 16 (0: 16);
+    int32_t heads_in_row;            // heads of q / out / lse in a row of 16: h_q below 16 (1..15), else 16 (0: 16);
                                      //      the 16-head kernels give the row's other heads zero Q and write
                                      //      nothing of them (not the 64-row kernel: 16+ heads only)
 };

@@ -455,8 +455,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="comma-separated subset, e.g. 4x1k,256x8k")
     c.add_argument("--seed", type=non_negative_int, default=0,
                    help="seed of the inputs (each sequence's data depends on the seed and its index only)")
-    c.add_argument("--heads", type=int, default=16, choices=HEAD_COUNTS,
-                   help="query heads (default 16)")
+    c.add_argument("--heads", type=int, default=16, choices=HEAD_COUNTS, metavar="H",
+                   help="query heads: 1 to 16, 32, 64 or 128 (default 16)")
     c.add_argument("--q-len", type=int_at_least(1, MAX_Q_LEN), default=1,
                    help="query tokens per sequence (MTP; default 1)")
     c.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")

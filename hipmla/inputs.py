@@ -129,7 +129,7 @@ def _check_seed(seed) -> int:
 
 def _check_heads(heads) -> int:
     if isinstance(heads, bool) or not isinstance(heads, (int, np.integer)) or not 1 <= heads <= 1024:
-        raise ValueError(f"heads: expected an integer in [1, 1024] (a decoder serves 8, 16, 32, 64 or 128), "
+        raise ValueError(f"heads: expected an integer in [1, 1024] (a decoder serves 1 to 16, 32, 64 or 128), "
                          f"got {heads!r}")
     return int(heads)
 

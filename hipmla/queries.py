@@ -6,8 +6,8 @@ sequence ``i``'s), else sequence ``s`` owns tokens ``qo_indptr[s] .. qo_indptr[s
 step attention is causal: query token ``j`` (0-based) of a sequence with ``L`` kv tokens
 and ``n`` query tokens sees its first ``L - n + j + 1`` kv tokens, so ``L >= n`` is
 required (the step's own tokens are already in the cache). Every kernel computes 16 heads
-of one query token at a time: a *row* (``hipmla.schedule``); a model of 8 heads fills half
-of each row.
+of one query token at a time: a *row* (``hipmla.schedule``); a model of fewer heads (8 at
+DeepSeek-V3's TP16) fills part of each row.
 """
 
 from __future__ import annotations
@@ -16,10 +16,11 @@ import numpy as np
 
 from hipmla.validate import INT32_MAX, check_array
 
-#: Query heads a decoder may serve below 16 (DeepSeek-V3/R1 at TP16, Kimi K2's 64 at TP8): the
-#: kernels of 16-head rows fill part of each row (the other heads get zero Q and write nothing).
-PADDED_HEADS = (8,)
-#: Query heads a decoder may serve (TP16, TP8, TP4, TP2, TP1 of DeepSeek-V3/R1's 128).
+#: Query heads a decoder may serve below 16 (DeepSeek-V3/R1 at TP16 or TP32, Kimi K2's 64 at
+#: TP8 or TP16): the kernels of 16-head rows fill part of each row (the other heads get zero Q
+#: and write nothing).
+PADDED_HEADS = tuple(range(1, 16))
+#: Query heads a decoder may serve (DeepSeek-V3/R1's 128 at TP8, TP4, TP2, TP1; fewer padded).
 HEAD_COUNTS = PADDED_HEADS + (16, 32, 64, 128)
 #: Largest ``q_len`` hint a Decoder takes (64 query tokens fill the 64-row kernel at any head count).
 MAX_Q_LEN = 64
@@ -33,7 +34,7 @@ def heads_in_row(heads: int) -> int:
 
 def check_heads(heads, name: str = "heads") -> int:
     if isinstance(heads, bool) or not isinstance(heads, (int, np.integer)) or int(heads) not in HEAD_COUNTS:
-        raise ValueError(f"{name}: expected one of {', '.join(map(str, HEAD_COUNTS))} query heads, got {heads!r}")
+        raise ValueError(f"{name}: expected 1 to 16, 32, 64 or 128 query heads, got {heads!r}")
     return int(heads)
 
 

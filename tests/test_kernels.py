@@ -894,19 +894,24 @@ def test_several_query_tokens_and_heads_on_cpu_match_emulator_and_reference(host
     np.testing.assert_allclose(ref_out[0], np.broadcast_to(k0[0, :512], (heads, 512)), rtol=1e-6)
 
 
-@pytest.mark.parametrize("kv_format, q_precision, arch, kernel", [
-    ("mxfp4", "bf16", "gfx950", "portable"), ("fp8", "fp8", "gfx950", "portable"),
-    ("mxfp4", "bf16", "sm_90", "sm90"), ("fp8", "bf16", "sm_90", "sm90"), ("bf16", "mxfp4", "sm_90", "sm90"),
-    ("mxfp4", "bf16", "gfx950", "fast"), ("mxfp4", "mxfp4", "gfx950", "fast"),
-    ("fp8", "bf16", "gfx942", "fast"), ("mxfp4", "bf16", "gfx942", "fast")])
-def test_eight_heads_on_cpu_are_the_first_half_of_sixteen(host_kernels, kv_format, q_precision, arch, kernel):
-    """A model of 8 heads (DeepSeek-V3 at TP16, Kimi K2 at TP8) fills half of each 16-head
-    row: every kernel reads its q and writes its out and lse at 8 heads a query token, and
-    gives exactly what it gives the same heads with 8 zero heads after them; ragged query
-    tokens, split rows, a paged cache. Nothing is written past the step's output."""
+@pytest.mark.parametrize("kv_format, q_precision, arch, kernel, heads", [
+    ("mxfp4", "bf16", "gfx950", "portable", 8), ("fp8", "fp8", "gfx950", "portable", 8),
+    ("bf16", "bf16", "gfx950", "portable", 3),
+    ("mxfp4", "bf16", "sm_90", "sm90", 8), ("fp8", "bf16", "sm_90", "sm90", 8), ("bf16", "mxfp4", "sm_90", "sm90", 8),
+    ("mxfp4", "bf16", "sm_90", "sm90", 5),
+    ("mxfp4", "bf16", "gfx950", "fast", 8), ("mxfp4", "mxfp4", "gfx950", "fast", 8),
+    ("mxfp4", "fp8", "gfx950", "fast", 12),
+    ("fp8", "bf16", "gfx942", "fast", 8), ("mxfp4", "bf16", "gfx942", "fast", 8),
+    ("bf16", "bf16", "gfx942", "fast", 1)])
+def test_fewer_heads_on_cpu_are_the_first_of_sixteen(host_kernels, kv_format, q_precision, arch, kernel, heads):
+    """A model of fewer than 16 heads (8: DeepSeek-V3 at TP16, Kimi K2 at TP8) fills part of
+    each 16-head row: every kernel reads its q and writes its out and lse at that many heads
+    a query token, and gives exactly what it gives the same heads with zero heads after them
+    up to 16; ragged query tokens, split rows, a paged cache. Nothing is written past the
+    step's output."""
     spec = {"portable": None, "sm90": kernels.sm90_split_kernel(kv_format, q_precision),
             "fast": kernels.fast_split_kernel(arch, kv_format, q_precision)}[kernel]
-    assert spec is None or spec.serves_heads(8)
+    assert spec is None or spec.serves_heads(heads)
     fp8_variant = "e4m3fnuz" if arch == "gfx942" else "e4m3fn"
     rng = np.random.default_rng(len(kv_format) + len(q_precision) + len(arch))
     # The step's last row is a split row (merged) in one order, a row of one item (written
@@ -919,20 +924,20 @@ def test_eight_heads_on_cpu_are_the_first_half_of_sixteen(host_kernels, kv_forma
         rows = int(layout.kv_indices.max(initial=0) + 1) * 16
         kv = (quantize_kv(rng.standard_normal((rows, 576), dtype=np.float32), "bf16") if kv_format == "bf16"
               else random_cache(rows, kv_format, rng, scale_stride=24, fp8_variant=fp8_variant))
-        q8 = rng.standard_normal((int(qo[-1]), 8, 576), dtype=np.float32).astype(ml_dtypes.bfloat16)
-        q16 = np.concatenate([q8, np.zeros_like(q8)], axis=1)
+        qh = rng.standard_normal((int(qo[-1]), heads, 576), dtype=np.float32).astype(ml_dtypes.bfloat16)
+        q16 = np.concatenate([qh, np.zeros((qh.shape[0], 16 - heads, 576), qh.dtype)], axis=1)
         errors = np.zeros(1, np.int32)
-        out8, lse8, counters = run_on_host(host_kernels, q8, kv, layout, POLICY, 1 / 24, q_precision, arch, errors,
-                                           qo, spec=spec)
+        out_h, lse_h, counters = run_on_host(host_kernels, qh, kv, layout, POLICY, 1 / 24, q_precision, arch,
+                                             errors, qo, spec=spec)
         out16, lse16, _ = run_on_host(host_kernels, q16, kv, layout, POLICY, 1 / 24, q_precision, arch, None, qo,
                                       spec=spec)
         assert errors[0] == 0 and (counters == 0).all()
-        assert np.isfinite(out8).all() and not np.isnan(lse8).any()  # every head of every query token written
-        assert np.array_equal(out8.view(np.uint32), out16[:, :8].view(np.uint32))
-        assert np.array_equal(lse8.view(np.uint32), lse16[:, :8].view(np.uint32))
+        assert np.isfinite(out_h).all() and not np.isnan(lse_h).any()  # every head of every query token written
+        assert np.array_equal(out_h.view(np.uint32), out16[:, :heads].view(np.uint32))
+        assert np.array_equal(lse_h.view(np.uint32), lse16[:, :heads].view(np.uint32))
         if q_precision == "bf16":  # and the right values: exact attention over the same cache
-            ref_out, _ = mla_decode_reference(q8, kv, layout, 1 / 24, qo_indptr=qo)
-            assert np.abs(out8 - ref_out).max() <= 2e-2 * np.abs(ref_out).max()
+            ref_out, _ = mla_decode_reference(qh, kv, layout, 1 / 24, qo_indptr=qo)
+            assert np.abs(out_h - ref_out).max() <= 2e-2 * np.abs(ref_out).max()
 
 
 @pytest.mark.parametrize("kind", ["decreasing indptr", "rows past the cache", "page past the cache",
