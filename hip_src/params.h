@@ -2,7 +2,7 @@
 //
 // Mirrored in Python by hipmla.kernels.DecodeParams (ctypes); tests/test_kernels.py
 // checks field offsets and the size against this file, so change both together.
-// Shape vocabulary: b = batch (sequences), h_q = query heads (16 x head_groups, or 8 in one group), t_q =
+// Shape vocabulary: b = batch (sequences), h_q = query heads (16 x head_groups, or 1..15), t_q =
 // query tokens of the step (b with q_len 1), d_qk = 576, d_v = 512, n_slots = split partial
 // slots (sized once by the decoder for its largest step). A "row" is 16 heads of one query
 // token: row = query token x head_groups + head group; every kernel computes 16 heads (a
@@ -55,7 +55,7 @@ struct MlaDecodeParams {
                                      //      (a raw address: the caller's promise); -1: none (an empty cache)
     int32_t n_indices;               // paged: entries of kv_indices: no entry past it is read; 0: unknown;
                                      //      -1: none (kv_indices must still be non-null: it selects paging)
-    int32_t head_groups;             // h_q / 16 (1, 2, 4 or 8; 8 heads: 1; the 64-row kernel max(h_q / 64, 1))
+    int32_t head_groups;             // h_q / 16 (1, 2, 4 or 8; below 16 heads 1; the 64-row kernel max(h_q / 64, 1))
     int32_t q_tokens;                // t_q: rows of q / out / lse; with qo_indptr no entry past it is used
     int32_t split_max_ranges;        // > 0: most token ranges (items of a row) per sequence; 0: no cap
     int32_t split_long_range;        // ... unless ceil(len / this) is more: ranges this long are worth a slot

@@ -39,7 +39,7 @@ from hipmla import selftest as _selftest  # Decoder(selftest=...) is a keyword
 from hipmla.emulate import FAST_SCHEDULES, LOG2E, emulate_decode
 from hipmla.formats import KV_FORMATS, KVCache
 from hipmla.paging import PAGE_SIZES, KvLayout, as_layout, check_page_size
-from hipmla.queries import MAX_Q_LEN, check_causal, check_heads, check_qo_indptr, heads_in_row, q_lens
+from hipmla.queries import MAX_Q_LEN, check_causal, check_heads, check_qo_indptr, head_groups, heads_in_row, q_lens
 from hipmla.reference import check_q
 from hipmla.schedule import INT32_MAX, LONE_BELOW_TOKENS, SplitPolicy
 from hipmla.validate import check_choice, check_positive_finite
@@ -213,7 +213,7 @@ class Decoder:
         # A schedule row is the kernel's row_heads query rows (16 heads of one query token;
         # the 64-row sm_90a kernel 64 heads of one, or 64 / heads query tokens of fewer).
         self._params.head_groups, self._params.row_tokens = self._split.schedule_rows(self.config.heads)
-        self._params.heads_in_row = heads_in_row(self.config.heads)  # 8 heads: half of each 16-head row
+        self._params.heads_in_row = heads_in_row(self.config.heads)  # below 16 heads: part of each 16-head row
         self._last_key: tuple | None = None  # arguments of the last run, already resolved
         self._launch: Callable[[], None] | None = None  # the launch _last_key was built for
         self.reserve(max_batch, max_q_tokens)
@@ -309,7 +309,7 @@ class Decoder:
         a scratch for steps of up to ``max_batch`` sequences and ``max_q_tokens`` query tokens
         go (nothing is allocated)."""
         tokens = max(max_q_tokens, max_batch)
-        rows = tokens * max(self.config.heads // kernels.HEADS, 1)  # rows of 16 heads: the merge counters
+        rows = tokens * head_groups(self.config.heads)  # rows of 16 heads: the merge counters
         # An item of the 64-head kernel writes a slot of 16 heads for each of its 4 rows.
         slots = self.policy.max_items(tokens * self._params.head_groups) * (self._split.row_heads // kernels.HEADS)
         words = 2 * rows + 2  # the merge counters (two per row, core/merge.h), the error word, padding

@@ -229,7 +229,7 @@ def emulate_decode(
     rows of row_heads / heads query tokens (``hipmla.schedule.schedule``'s ``row_tokens``),
     and each item serves its row's 16-head groups, each with its own softmax and merge over
     what its query token sees of the item's tokens."""
-    from hipmla.queries import check_causal, check_heads, check_qo_indptr, q_lens, visible
+    from hipmla.queries import check_causal, check_heads, check_qo_indptr, head_groups, q_lens, visible
 
     if not isinstance(fast_any_length, (bool, np.bool_)):
         raise TypeError(f"fast_any_length: expected a bool, got {type(fast_any_length).__name__}")
@@ -253,8 +253,8 @@ def emulate_decode(
         nq = q_lens(qo, layout.batch)
         check_causal(layout.seq_lens(), nq)
     heads = qf.shape[1]
-    # A row is 16 heads; fewer heads (the tests' small models) are one row.
-    groups = check_heads(heads, "q.shape[1]") // 16 if heads > 16 else 1
+    # A row is 16 heads; fewer heads are one row.
+    groups = head_groups(check_heads(heads, "q.shape[1]"))
     width = heads // groups
     if isinstance(row_heads, bool) or not isinstance(row_heads, (int, np.integer)) or row_heads < 16 \
             or row_heads % 16 or (row_heads != 16 and heads % row_heads and (heads < 16 or row_heads % heads)):

@@ -100,7 +100,7 @@ class DecodeParams(ctypes.Structure):
         ("fast_tile", ctypes.c_int32),
         ("kv_rows", ctypes.c_int32),  # 0: unknown (raw address); -1: an empty cache
         ("n_indices", ctypes.c_int32),  # 0: unknown; -1: an empty page table
-        ("head_groups", ctypes.c_int32),  # h_q / 16 (8 heads: 1)
+        ("head_groups", ctypes.c_int32),  # h_q / 16 (below 16 heads: 1)
         ("q_tokens", ctypes.c_int32),  # t_q
         ("split_max_ranges", ctypes.c_int32),  # 0: no cap
         ("split_long_range", ctypes.c_int32),

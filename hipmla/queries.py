@@ -26,6 +26,12 @@ HEAD_COUNTS = PADDED_HEADS + (16, 32, 64, 128)
 MAX_Q_LEN = 64
 
 
+def head_groups(heads: int) -> int:
+    """Rows of 16 heads a query token takes (``p.head_groups`` of the 16-head kernels): one
+    below 16 heads."""
+    return max(int(heads) // 16, 1)
+
+
 def heads_in_row(heads: int) -> int:
     """Heads of q / out / lse in one 16-head row (``p.heads_in_row``): all 16, or the model's
     fewer."""

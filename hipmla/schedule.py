@@ -26,7 +26,7 @@ import numpy as np
 
 from hipmla.validate import INT32_MAX, MAX_SEQ_TOKENS
 
-from hipmla.queries import HEAD_COUNTS
+from hipmla.queries import HEAD_COUNTS, head_groups
 
 #: Work items per compute unit the split aims for: enough to hide a straggler, few
 #: enough that the merge stays cheap.
@@ -93,7 +93,7 @@ FIT_EIGHTHS = (1, 4)
 FIT_MAX_ROWS = 1 << 15
 
 #: heads / 16 of the head counts a decoder may serve (fewer than 16 heads are one group).
-HEAD_GROUPS = tuple(sorted({max(h // 16, 1) for h in HEAD_COUNTS}))
+HEAD_GROUPS = tuple(sorted({head_groups(h) for h in HEAD_COUNTS}))
 #: Query tokens a schedule row may hold: 1, or 64 / heads for the 64-row sm_90a kernel
 #: below 64 heads (p.row_tokens).
 ROW_TOKENS = (1, 2, 4)
@@ -301,7 +301,7 @@ def check_row_tokens(row_tokens) -> int:
 
 def schedule(seq_lens, policy: SplitPolicy, q_lens=None, head_groups: int = 1, row_tokens: int = 1) -> Schedule:
     """The device's split of a batch with these kv lengths (and ``q_lens`` query tokens per
-    sequence, default 1 each; ``head_groups`` = heads / 16, 1 for 8 heads), item by item in block order.
+    sequence, default 1 each; ``head_groups`` = heads / 16, 1 below 16 heads), item by item in block order.
     ``row_tokens``: query tokens of one row (the 64-row sm_90a kernel below 64 heads: 64 /
     heads; ``head_groups`` is then 1): a row's item covers what its last query token sees."""
     if not isinstance(policy, SplitPolicy):

@@ -40,7 +40,7 @@ from hipmla.kernels import (
 from host_harness import host_source
 from hipmla.paging import KvLayout, random_page_table, scatter, take_rows
 from hipmla.reference import mla_decode_reference
-from hipmla.queries import heads_in_row
+from hipmla.queries import head_groups, heads_in_row
 from hipmla.schedule import SplitPolicy, schedule
 
 CLANG = shutil.which("clang++-22")
@@ -470,8 +470,8 @@ def run_on_host(host_kernels, q, kv: KVCache, layout: KvLayout, policy: SplitPol
     must reset."""
     batch = layout.batch
     t_q, heads = q.shape[0], q.shape[1]
-    rows = t_q * max(heads // 16, 1)  # rows of 16 heads (8 heads fill half of one)
-    groups, row_tokens = spec.schedule_rows(heads) if spec is not None else (max(heads // 16, 1), 1)
+    rows = t_q * head_groups(heads)  # rows of 16 heads (fewer heads fill part of one)
+    groups, row_tokens = spec.schedule_rows(heads) if spec is not None else (head_groups(heads), 1)
     slots = spec.row_heads // 16 if spec is not None else 1  # 16-head partial slots an item
     # NaN: unwritten output shows; one more query token's worth after the step's, which no
     # kernel may write (a head index past the model's heads, a row past t_q).

@@ -1,6 +1,6 @@
 """``bench --mtp``: several heads or query tokens a sequence (128 heads x 1 token, 16 heads
-x 4 tokens, 8 heads x 2 tokens, ...), as TFLOP/s against a bf16 matmul and GB/s against the read stream, both
-measured in the same run."""
+x 4 tokens, 8 heads x 2 tokens, ...), as TFLOP/s against a bf16 matmul and GB/s against the
+read stream, both measured in the same run."""
 
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ def _peers(dec: Decoder) -> list[kernels.KernelSpec | None]:
     if dec.device.arch.split(":", 1)[0] != "sm_90" or fmt not in kernels.ROWS64_FORMATS or qp != "bf16":
         return [None]
     rows64 = kernels.sm90_rows64_kernel(fmt)
-    if not rows64.serves_heads(dec.config.heads):  # 8 heads: the 16-row kernel alone
+    if not rows64.serves_heads(dec.config.heads):  # below 16 heads: the 16-row kernel alone
         return [None]
     return [None, kernels.sm90_split_kernel(fmt, qp) if dec.kernel_symbol == rows64.symbol else rows64]
 
