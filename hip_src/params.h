@@ -6,7 +6,8 @@
 // query tokens of the step (b with q_len 1), d_qk = 576, d_v = 512, n_slots = split partial
 // slots (sized once by the decoder for its largest step). A "row" is 16 heads of one query
 // token: row = query token x head_groups + head group; every kernel computes 16 heads (a
-// model of fewer, e.g. 8, fills part of them: heads_in_row, core/paged.h head_index). The
+// model of fewer, e.g. 8, shares them among row_tokens query tokens: heads_in_row,
+// core/paged.h head_index, core/schedule.h row_heads and slot_tokens). The
 // 64-row sm_90a kernel's schedule row is 64 heads (head_groups = h_q / 64) or, below 64
 // heads, row_tokens = 64 / h_q query tokens of them; it keys q, out, lse, counters and
 // partials by rows of 16 heads all the same.
@@ -65,9 +66,11 @@ struct MlaDecodeParams {
     int32_t split_lone_max_ranges;   //      (capped at split_lone_max_ranges) when it gives at most that many
     int32_t split_fit;               // 1: a usual split of more than split_target items takes the first of
                                      //      two longer chunks that gives at most that many (core/schedule.h)
-    int32_t row_tokens;              // query tokens of a schedule row (0 or 1: one; the 64-row sm_90a kernel
-                                     //      with fewer than 64 heads: 64 / h_q, a row of 64 query rows)
+    int32_t row_tokens;              // query tokens of a schedule row, a power of two (0 or 1: one; the 64-row
+                                     //      sm_90a kernel below 64 heads: 64 / h_q; the 16-head kernels below
+                                     //      16 heads: as many as fit, rounded down to a power of two)
     int32_t heads_in_row;            // heads of q / out / lse in a row of 16: h_q below 16 (1..15), else 16 (0: 16);
-                                     //      the 16-head kernels give the row's other heads zero Q and write
-                                     //      nothing of them (not the 64-row kernel: 16+ heads only)
+                                     //      the 16-head kernels give a row's slots past its query tokens'
+                                     //      heads zero Q and write nothing of them (not the 64-row kernel:
+                                     //      16+ heads only)
 };

@@ -210,10 +210,11 @@ class Decoder:
             scale_log2 = float(np.float32(self.config.sm_scale) * LOG2E)
         self._params.sm_scale_log2 = _f32(scale_log2, "sm_scale")
         self._params.set_split(self.policy)
-        # A schedule row is the kernel's row_heads query rows (16 heads of one query token;
-        # the 64-row sm_90a kernel 64 heads of one, or 64 / heads query tokens of fewer).
+        # A schedule row is the kernel's row_heads query rows (16 heads of one query token,
+        # or below 16 heads several tokens; the 64-row sm_90a kernel 64 heads of one, or 64 /
+        # heads query tokens of fewer: hipmla.schedule.row_shape).
         self._params.head_groups, self._params.row_tokens = self._split.schedule_rows(self.config.heads)
-        self._params.heads_in_row = heads_in_row(self.config.heads)  # below 16 heads: part of each 16-head row
+        self._params.heads_in_row = heads_in_row(self.config.heads)  # below 16 heads: several tokens a row
         self._last_key: tuple | None = None  # arguments of the last run, already resolved
         self._launch: Callable[[], None] | None = None  # the launch _last_key was built for
         self.reserve(max_batch, max_q_tokens)

@@ -226,7 +226,8 @@ def emulate_decode(
     ``row_heads``: rows of heads x query tokens one schedule row holds (the 64-row sm_90a
     kernel: 64; a multiple of 16 that divides the heads or that they divide): the split is
     the device's for heads / row_heads rows a query token, or below row_heads heads for
-    rows of row_heads / heads query tokens (``hipmla.schedule.schedule``'s ``row_tokens``),
+    rows of row_heads // heads query tokens (``hipmla.schedule.row_shape``; the 16-head
+    kernels below 16 heads too),
     and each item serves its row's 16-head groups, each with its own softmax and merge over
     what its query token sees of the item's tokens."""
     from hipmla.queries import check_causal, check_heads, check_qo_indptr, head_groups, q_lens, visible
@@ -261,7 +262,7 @@ def emulate_decode(
         raise ValueError(f"row_heads: expected a multiple of 16 that divides the {heads} heads or that they "
                          f"divide, got {row_heads!r}")
     # Schedule rows a query token, or query tokens a row (fewer than 16 heads are one row).
-    sched_groups, row_tokens = row_shape(max(heads, 16), int(row_heads))
+    sched_groups, row_tokens = row_shape(heads, int(row_heads))
     per_row = groups // sched_groups  # 16-head groups of a schedule row
     if not isinstance(kv, KVCache):
         raise TypeError(f"kv: expected a hipmla.formats.KVCache, got {type(kv).__name__}")

@@ -156,15 +156,17 @@ class KernelSpec:
     def serves_heads(self, heads: int) -> bool:
         """Whether a model of ``heads`` heads fills this kernel's rows: with a multiple of
         ``row_heads`` heads, or (16+ heads dividing it) with row_heads / heads query tokens;
-        a kernel of 16-head rows also serves fewer heads (PADDED_HEADS) in part of each row."""
+        a kernel of 16-head rows also serves fewer heads (PADDED_HEADS), several query tokens
+        a row."""
         if self.row_heads == HEADS and heads in PADDED_HEADS:
             return True
         return heads % self.row_heads == 0 or (heads >= HEADS and self.row_heads % heads == 0)
 
     def schedule_rows(self, heads: int) -> tuple[int, int]:
-        """``(p.head_groups, p.row_tokens)`` for ``heads`` heads (hipmla.schedule.row_shape;
-        fewer than 16 heads are one row of one query token)."""
-        return row_shape(max(heads, HEADS), self.row_heads)
+        """``(p.head_groups, p.row_tokens)`` for ``heads`` heads (hipmla.schedule.row_shape:
+        fewer heads than the row's query rows share a row among row_heads // heads query
+        tokens, e.g. 8 heads x 2 in a 16-head row)."""
+        return row_shape(heads, self.row_heads)
 
     def options(self, arch: str) -> list[str]:
         """``-D`` options for ``arch`` (``"gfx950"``, ``"gfx942:sramecc+:xnack-"``,

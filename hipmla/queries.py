@@ -7,7 +7,8 @@ step attention is causal: query token ``j`` (0-based) of a sequence with ``L`` k
 and ``n`` query tokens sees its first ``L - n + j + 1`` kv tokens, so ``L >= n`` is
 required (the step's own tokens are already in the cache). Every kernel computes 16 heads
 of one query token at a time: a *row* (``hipmla.schedule``); a model of fewer heads (8 at
-DeepSeek-V3's TP16) fills part of each row.
+DeepSeek-V3's TP16) shares a row among several query tokens of a sequence
+(``hipmla.schedule.row_shape``).
 """
 
 from __future__ import annotations
@@ -17,8 +18,8 @@ import numpy as np
 from hipmla.validate import INT32_MAX, check_array
 
 #: Query heads a decoder may serve below 16 (DeepSeek-V3/R1 at TP16 or TP32, Kimi K2's 64 at
-#: TP8 or TP16): the kernels of 16-head rows fill part of each row (the other heads get zero Q
-#: and write nothing).
+#: TP8 or TP16): the kernels of 16-head rows share each row among query tokens (the row's
+#: other heads get zero Q and write nothing).
 PADDED_HEADS = tuple(range(1, 16))
 #: Query heads a decoder may serve (DeepSeek-V3/R1's 128 at TP8, TP4, TP2, TP1; fewer padded).
 HEAD_COUNTS = PADDED_HEADS + (16, 32, 64, 128)

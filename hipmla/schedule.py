@@ -13,9 +13,11 @@ output directly, the items of a split row write partial slots ``first_slot + k *
 slot_stride`` (k < n_items) and the last to finish merges them. Items are range-major
 within a sequence (all its rows of one kv range, then the next range), so the rows that
 read a range run side by side; query token j of n sees ``len - n + j + 1`` tokens.
-The 64-row sm_90a kernel below 64 heads puts ``row_tokens`` query tokens in a row (row
-``q`` is then query tokens ``q .. q + queries - 1``): the item covers what the last of
-them sees (``sees``), and the kernel masks the earlier ones' last tokens.
+A kernel whose row holds more query rows than the model has heads puts ``row_tokens``
+query tokens in a row (row ``q`` is then query tokens ``q .. q + queries - 1``): the
+64-row sm_90a kernel below 64 heads, and the 16-head kernels below 16 heads (8 heads x 2
+tokens, 4 x 4, 5 x 3, ...). The item covers what the last of them sees (``sees``), and
+the kernel masks the earlier ones' last tokens.
 """
 
 from __future__ import annotations
@@ -94,9 +96,9 @@ FIT_MAX_ROWS = 1 << 15
 
 #: heads / 16 of the head counts a decoder may serve (fewer than 16 heads are one group).
 HEAD_GROUPS = tuple(sorted({head_groups(h) for h in HEAD_COUNTS}))
-#: Query tokens a schedule row may hold: 1, or 64 / heads for the 64-row sm_90a kernel
-#: below 64 heads (p.row_tokens).
-ROW_TOKENS = (1, 2, 4)
+#: Query tokens a schedule row may hold (p.row_tokens; :func:`row_shape`): powers of two,
+#: so the device's row counts are shifts (core/schedule.h).
+ROW_TOKENS = (1, 2, 4, 8, 16)
 
 
 @dataclass(frozen=True)
@@ -288,8 +290,13 @@ def check_head_groups(head_groups) -> int:
 def row_shape(heads: int, row_heads: int) -> tuple[int, int]:
     """``(head_groups, row_tokens)`` of a kernel whose schedule row holds ``row_heads`` query
     rows, serving ``heads`` heads: rows of row_heads heads of one query token, or below
-    row_heads heads one row a query token group of row_heads / heads tokens."""
-    return (heads // row_heads, 1) if heads >= row_heads else (1, row_heads // heads)
+    row_heads heads one row a group of query tokens, as many as fit rounded down to a
+    power of two (8 heads x 2 or 4 x 4 fill a 16-head row; 5 x 2 and 3 x 4 leave the rest
+    of it idle)."""
+    if heads >= row_heads:
+        return heads // row_heads, 1
+    fit = row_heads // heads
+    return 1, 1 << (fit.bit_length() - 1)
 
 
 def check_row_tokens(row_tokens) -> int:
@@ -302,8 +309,9 @@ def check_row_tokens(row_tokens) -> int:
 def schedule(seq_lens, policy: SplitPolicy, q_lens=None, head_groups: int = 1, row_tokens: int = 1) -> Schedule:
     """The device's split of a batch with these kv lengths (and ``q_lens`` query tokens per
     sequence, default 1 each; ``head_groups`` = heads / 16, 1 below 16 heads), item by item in block order.
-    ``row_tokens``: query tokens of one row (the 64-row sm_90a kernel below 64 heads: 64 /
-    heads; ``head_groups`` is then 1): a row's item covers what its last query token sees."""
+    ``row_tokens``: query tokens of one row (:func:`row_shape`: the 64-row sm_90a kernel
+    below 64 heads, the 16-head kernels below 16; ``head_groups`` is then 1): a row's item
+    covers what its last query token sees."""
     if not isinstance(policy, SplitPolicy):
         raise TypeError(f"policy: expected a hipmla.schedule.SplitPolicy, got {type(policy).__name__}")
     lens = check_lens(seq_lens)

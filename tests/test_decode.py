@@ -1139,22 +1139,23 @@ def test_several_query_tokens_and_heads_reach_the_kernel(monkeypatch, heads):
 
 
 @pytest.mark.parametrize("kv_format", ["mxfp4", "fp8", "bf16"])
-def test_eight_heads_fill_half_of_each_row(monkeypatch, kv_format):
-    """8 heads: one row of 16 a query token with heads_in_row 8 (the kernels read q and write
-    out / lse at 8 heads a token), two merge counters a query token, the 16-row kernel even
-    where heads x q_len reaches 64 (the 64-row kernel serves 16+ heads); 16 heads set 16."""
+def test_eight_heads_share_each_row_between_two_query_tokens(monkeypatch, kv_format):
+    """8 heads: a row of 16 holds two query tokens of a sequence (row_tokens 2) with
+    heads_in_row 8 (the kernels read q and write out / lse at 8 heads a token), two merge
+    counters a reserved query token, the 16-row kernel even where heads x q_len reaches 64
+    (the 64-row kernel serves 16+ heads); 16 heads set 16 and one token a row."""
     gpu, dec = make(monkeypatch, kv_format=kv_format, heads=8, max_batch=4, max_q_tokens=8, q_len=8)
     assert dec.kernel_symbol == kernels.sm90_split_kernel(kv_format).symbol
     dec.run(**mtp_args(3, 7, 8, kv_format=kv_format), lse=FakeCAI((7, 8), "<f4", ADDR["lse"]))
     (launch,) = gpu.launches
-    assert (launch.heads_in_row, launch.head_groups, launch.row_tokens) == (8, 1, 1)
+    assert (launch.heads_in_row, launch.head_groups, launch.row_tokens) == (8, 1, 2)
     assert launch.grid[0] == dec.policy.max_items(7)
     assert launch.errors - launch.counters == 2 * 4 * 8  # two counters a reserved query token
     with pytest.raises(ValueError, match="^q: "):  # 16 heads of q for a decoder of 8
         dec.run(**mtp_args(3, 7, 16, kv_format=kv_format))
     gpu2, dec2 = make(monkeypatch, kv_format=kv_format, max_batch=4)
     dec2.run(**args(3, kv_format=kv_format))
-    assert gpu2.launches[0].heads_in_row == 16
+    assert (gpu2.launches[0].heads_in_row, gpu2.launches[0].row_tokens) == (16, 1)
 
 
 @pytest.mark.parametrize("over, name", [

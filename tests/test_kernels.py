@@ -38,6 +38,7 @@ from hipmla.kernels import (
     translation_unit,
 )
 from host_harness import host_source
+from p_flips import assert_within_p_flips
 from hipmla.paging import KvLayout, random_page_table, scatter, take_rows
 from hipmla.reference import mla_decode_reference
 from hipmla.queries import head_groups, heads_in_row
@@ -471,7 +472,8 @@ def run_on_host(host_kernels, q, kv: KVCache, layout: KvLayout, policy: SplitPol
     batch = layout.batch
     t_q, heads = q.shape[0], q.shape[1]
     rows = t_q * head_groups(heads)  # rows of 16 heads (fewer heads fill part of one)
-    groups, row_tokens = spec.schedule_rows(heads) if spec is not None else (head_groups(heads), 1)
+    # Schedule rows as the decoder sets them (below 16 heads, several query tokens a row).
+    groups, row_tokens = (spec or split_kernel(kv.format, q_precision)).schedule_rows(heads)
     slots = spec.row_heads // 16 if spec is not None else 1  # 16-head partial slots an item
     # NaN: unwritten output shows; one more query token's worth after the step's, which no
     # kernel may write (a head index past the model's heads, a row past t_q).
@@ -898,46 +900,70 @@ def test_several_query_tokens_and_heads_on_cpu_match_emulator_and_reference(host
     ("mxfp4", "bf16", "gfx950", "portable", 8), ("fp8", "fp8", "gfx950", "portable", 8),
     ("bf16", "bf16", "gfx950", "portable", 3),
     ("mxfp4", "bf16", "sm_90", "sm90", 8), ("fp8", "bf16", "sm_90", "sm90", 8), ("bf16", "mxfp4", "sm_90", "sm90", 8),
-    ("mxfp4", "bf16", "sm_90", "sm90", 5),
+    ("mxfp4", "bf16", "sm_90", "sm90", 5), ("fp8", "bf16", "sm_90", "sm90", 1),
     ("mxfp4", "bf16", "gfx950", "fast", 8), ("mxfp4", "mxfp4", "gfx950", "fast", 8),
-    ("mxfp4", "fp8", "gfx950", "fast", 12),
+    ("mxfp4", "fp8", "gfx950", "fast", 12), ("mxfp4", "bf16", "gfx950", "fast", 4),
     ("fp8", "bf16", "gfx942", "fast", 8), ("mxfp4", "bf16", "gfx942", "fast", 8),
-    ("bf16", "bf16", "gfx942", "fast", 1)])
-def test_fewer_heads_on_cpu_are_the_first_of_sixteen(host_kernels, kv_format, q_precision, arch, kernel, heads):
-    """A model of fewer than 16 heads (8: DeepSeek-V3 at TP16, Kimi K2 at TP8) fills part of
-    each 16-head row: every kernel reads its q and writes its out and lse at that many heads
-    a query token, and gives exactly what it gives the same heads with zero heads after them
-    up to 16; ragged query tokens, split rows, a paged cache. Nothing is written past the
-    step's output."""
+    ("bf16", "bf16", "gfx942", "fast", 1), ("fp8", "bf16", "gfx942", "fast", 6)])
+def test_fewer_heads_on_cpu_pack_query_tokens_into_rows(host_kernels, kv_format, q_precision, arch, kernel, heads):
+    """A model of fewer than 16 heads (8: DeepSeek-V3 at TP16, Kimi K2 at TP8) shares each
+    16-head row among query tokens of a sequence (8 x 2, 5 x 2, 6 x 2, 4 x 4, 1 x 16): every
+    kernel reads their q and writes their out and lse at that many heads a query token and
+    masks each slot at its own query token's causal bound. Ragged query tokens (a sequence's
+    last row holding fewer tokens than a row can; a split boundary inside the last tokens'
+    reach), split rows, a paged cache: the emulator's numbers, exact attention within the
+    project's bound, every head of every token written and nothing past the step's output.
+    With one query token a sequence the rows hold one token, and the output is bit for bit
+    that of the same heads with zero heads after them up to 16."""
     spec = {"portable": None, "sm90": kernels.sm90_split_kernel(kv_format, q_precision),
             "fast": kernels.fast_split_kernel(arch, kv_format, q_precision)}[kernel]
-    assert spec is None or spec.serves_heads(heads)
+    sixteen = spec or split_kernel(kv_format, q_precision)
+    # As many query tokens as fit, rounded down to a power of two (the device's row counts are shifts).
+    row_tokens = {1: 16, 3: 4, 4: 4, 5: 2, 6: 2, 8: 2, 12: 1}[heads]
+    assert sixteen.serves_heads(heads) and sixteen.schedule_rows(heads) == (1, row_tokens)
     fp8_variant = "e4m3fnuz" if arch == "gfx942" else "e4m3fn"
-    rng = np.random.default_rng(len(kv_format) + len(q_precision) + len(arch))
+    if kernel == "fast":
+        emu_kw = dict(fast_schedule=FAST_SCHEDULES[arch], fast_any_length=True)
+    elif kernel == "sm90":
+        emu_kw = dict(tile_tokens=SM90_TILE_TOKENS, products=spec.products)
+    else:
+        emu_kw = {}
+    rng = np.random.default_rng(len(kv_format) + len(q_precision) + len(arch) + heads)
     # The step's last row is a split row (merged) in one order, a row of one item (written
-    # by its block) in the other: a head past the 8 written from either would land in the
-    # guard run_on_host keeps after the output.
-    for lens, q_lens in (([3, 70, 2, 129, 0, 40, 300], [3, 4, 1, 2, 0, 1, 1]),
-                         ([300, 40, 0, 129, 2, 70, 3], [1, 1, 0, 2, 1, 4, 3])):
+    # by its block) in the other: a slot past the row's heads written from either would
+    # land in the guard run_on_host keeps after the output. q_len 7 and 20: rows of 16 //
+    # heads tokens and a last row of fewer; 129 tokens with 20 queries: a split boundary
+    # (64) that the earlier queries' bounds straddle.
+    for lens, q_lens in (([3, 70, 2, 129, 0, 40, 300], [3, 4, 1, 20, 0, 1, 7]),
+                         ([300, 40, 0, 129, 2, 70, 3], [1, 1, 0, 20, 1, 4, 3])):
         qo = np.concatenate([[0], np.cumsum(q_lens)])
         layout = random_page_table(np.array(lens), 16, rng, spare_pages=3)
         rows = int(layout.kv_indices.max(initial=0) + 1) * 16
         kv = (quantize_kv(rng.standard_normal((rows, 576), dtype=np.float32), "bf16") if kv_format == "bf16"
               else random_cache(rows, kv_format, rng, scale_stride=24, fp8_variant=fp8_variant))
         qh = rng.standard_normal((int(qo[-1]), heads, 576), dtype=np.float32).astype(ml_dtypes.bfloat16)
-        q16 = np.concatenate([qh, np.zeros((qh.shape[0], 16 - heads, 576), qh.dtype)], axis=1)
         errors = np.zeros(1, np.int32)
-        out_h, lse_h, counters = run_on_host(host_kernels, qh, kv, layout, POLICY, 1 / 24, q_precision, arch,
-                                             errors, qo, spec=spec)
-        out16, lse16, _ = run_on_host(host_kernels, q16, kv, layout, POLICY, 1 / 24, q_precision, arch, None, qo,
-                                      spec=spec)
+        out, lse, counters = run_on_host(host_kernels, qh, kv, layout, POLICY, 1 / 24, q_precision, arch,
+                                         errors, qo, spec=spec)
         assert errors[0] == 0 and (counters == 0).all()
-        assert np.isfinite(out_h).all() and not np.isnan(lse_h).any()  # every head of every query token written
-        assert np.array_equal(out_h.view(np.uint32), out16[:, :heads].view(np.uint32))
-        assert np.array_equal(lse_h.view(np.uint32), lse16[:, :heads].view(np.uint32))
+        assert np.isfinite(out).all() and not np.isnan(lse).any()  # every head of every query token written
+        emu_out, emu_lse = emulate_decode(qh, kv, layout, 1 / 24, POLICY, qo_indptr=qo, q_precision=q_precision,
+                                          q_fp8_variant=fp8_variant, **emu_kw)
+        v_max = float(np.abs(kv.dequantize(np.arange(kv.rows))[:, :512]).max())
+        assert_within_p_flips(out.astype(ml_dtypes.bfloat16), lse, emu_out, emu_lse, v_max,
+                              f"{kernel} {kv_format} q{q_precision} {heads} heads")
         if q_precision == "bf16":  # and the right values: exact attention over the same cache
-            ref_out, _ = mla_decode_reference(qh, kv, layout, 1 / 24, qo_indptr=qo)
-            assert np.abs(out_h - ref_out).max() <= 2e-2 * np.abs(ref_out).max()
+            ref_out, ref_lse = mla_decode_reference(qh, kv, layout, 1 / 24, qo_indptr=qo)
+            assert np.abs(out - ref_out).max() <= 2e-2 * np.abs(ref_out).max()
+            np.testing.assert_allclose(lse, ref_lse, rtol=1e-3, atol=1e-2)
+
+    # One query token a sequence: rows of one token, the 16-head kernel's own output.
+    q1 = rng.standard_normal((len(lens), heads, 576), dtype=np.float32).astype(ml_dtypes.bfloat16)
+    q16 = np.concatenate([q1, np.zeros((q1.shape[0], 16 - heads, 576), q1.dtype)], axis=1)
+    out_h, lse_h, _ = run_on_host(host_kernels, q1, kv, layout, POLICY, 1 / 24, q_precision, arch, spec=spec)
+    out16, lse16, _ = run_on_host(host_kernels, q16, kv, layout, POLICY, 1 / 24, q_precision, arch, spec=spec)
+    assert np.array_equal(out_h.view(np.uint32), out16[:, :heads].view(np.uint32))
+    assert np.array_equal(lse_h.view(np.uint32), lse16[:, :heads].view(np.uint32))
 
 
 @pytest.mark.parametrize("kind", ["decreasing indptr", "rows past the cache", "page past the cache",

@@ -313,14 +313,24 @@ def test_the_runner_passes_a_device_that_computes_what_the_emulator_does(monkeyp
     seen = []
 
     def decode_as_emulated(self, q, kv, layout, qo_indptr=None):
-        seen.append((self.kernel_symbol, self.tile_tokens, layout.page_size))
+        seen.append((self.kernel_symbol, self.tile_tokens, layout.page_size, q.shape[1],
+                     None if qo_indptr is None else np.diff(qo_indptr).max()))
         return self.emulate(q, kv, layout, qo_indptr=qo_indptr)
 
     monkeypatch.setattr(decode.Decoder, "decode", decode_as_emulated)
     verdict = selftest.check_kernel(SM90)
     assert verdict.passed and verdict.worst_error == 0 and verdict.lse_error == 0, verdict
     assert "0/1/33/100/300/700 tokens, pages of 16" in verdict.message
-    assert seen == [(SM90.symbol, 32, 16)]  # the kernel's own 32-token softmax steps
+    # The kernel's own 32-token softmax steps; 16 heads, then 8 heads x 4 query tokens (two a row).
+    assert seen == [(SM90.symbol, 32, 16, 16, None), (SM90.symbol, 32, 16, 8, 4)]
+
+    def wrong_with_query_tokens(self, q, kv, layout, qo_indptr=None):
+        out, lse = self.emulate(q, kv, layout, qo_indptr=qo_indptr)
+        return (out if qo_indptr is None else out * 2), lse
+
+    monkeypatch.setattr(decode.Decoder, "decode", wrong_with_query_tokens)
+    verdict = selftest.check_kernel(SM90, use_cache=False)
+    assert not verdict.passed and "8 heads x 4 query tokens: " in verdict.message
 
 
 def test_the_runner_runs_both_cases_of_the_64_row_kernel(monkeypatch, verdicts):

@@ -98,16 +98,6 @@ HIPMLA_DEVICE float masked_score(float score, int base, int offset, int valid) {
     return base < valid - offset ? score : f32_from_bits(0xff800000u);
 }
 
-// The running max of a wave starts here, not at -inf: the lowest finite f32. With masked
-// scores -inf, a wave whose quarters hold no valid token yet (a partial last tile can give
-// a wave none at all) would otherwise compute exp2(-inf - -inf) = NaN for alpha and P;
-// from -FLT_MAX, exp2(-inf - m) = 0 for every masked token and exp2(-FLT_MAX - m) = 0 for
-// alpha on the first real tile (m - -FLT_MAX is 0 or >= 2^104: exp2 gives 1 or 0), so the
-// numbers are those of a max starting at -inf. An empty wave ends with m = -FLT_MAX, l = 0
-// and acc = 0, which the wave merge weights by exp2(-FLT_MAX - M) = 0 (or 1 when every
-// wave is empty: l = 0, acc = 0 still, and the kernel writes the empty item's 0 / -inf).
-HIPMLA_DEVICE float running_max_start() { return f32_from_bits(0xff7fffffu); }
-
 // Max / sum over the lanes l ^ m for every combination of the masks (an xor butterfly,
 // one exchange per mask, in the order given).
 template <int... MASKS>

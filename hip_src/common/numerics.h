@@ -178,4 +178,15 @@ HIPMLA_DEVICE void mx_quantize_q_row_bf16(unsigned short* q, signed char* exps, 
     }
 }
 
+// Where an online softmax's running max starts, not at -inf: the lowest finite f32. With
+// masked scores -inf, a state that has seen no valid token yet (a wave whose quarters a
+// partial last tile leaves empty; a head of an earlier query token of a row of several,
+// past its causal bound) would otherwise compute exp2(-inf - -inf) = NaN for alpha and P;
+// from -FLT_MAX, exp2(-inf - m) = 0 for every masked token and exp2(-FLT_MAX - m) = 0 for
+// alpha on the first real tile (m - -FLT_MAX is 0 or >= 2^104: exp2 gives 1 or 0), so the
+// numbers are those of a max starting at -inf. A state that saw nothing ends with
+// m = -FLT_MAX, l = 0 and acc = 0, which a merge weights by exp2(-FLT_MAX - M) = 0 (or 1
+// when every state is empty: l = 0, acc = 0 still, and the kernel writes the empty 0 / -inf).
+HIPMLA_DEVICE float running_max_start() { return f32_from_bits(0xff7fffffu); }
+
 }  // namespace hipmla

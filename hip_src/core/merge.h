@@ -171,7 +171,7 @@ HIPMLA_DEVICE void merge_columns(const MlaDecodeParams& p, const WorkItem& it, i
     }
 
     const bool zero = big_l <= 0.0f;  // all slots empty; NaN (a bad item's slot) stays NaN
-    if (h >= heads_in_row(p)) return;  // a head the model does not have: no output
+    if (h >= row_heads(p, it)) return;  // a slot that is no query head of the step: no output
     u32x2* out = reinterpret_cast<u32x2*>(static_cast<unsigned short*>(p.out) + head_index(p, it.row, h) * D_V);
 #pragma unroll
     for (int k = 0; k < STEPS; ++k) {

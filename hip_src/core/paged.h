@@ -79,8 +79,12 @@ HIPMLA_DEVICE SeqQuery seq_query(const MlaDecodeParams& p, int seq) {
 
 // h_q / 16 (below 16 heads: 1); a struct that never set it (0) means 16 heads.
 HIPMLA_DEVICE int head_groups(const MlaDecodeParams& p) { return p.head_groups > 1 ? p.head_groups : 1; }
-// Query tokens of a schedule row; a struct that never set it (0) means 1.
+// Query tokens of a schedule row: 1, 2, 4, 8 or 16; a struct that never set it (0) means 1.
 HIPMLA_DEVICE int row_tokens(const MlaDecodeParams& p) { return p.row_tokens > 1 ? p.row_tokens : 1; }
+// log2 of row_tokens, so the schedule's row counts are shifts.
+HIPMLA_DEVICE int row_token_shift(const MlaDecodeParams& p) {
+    return (p.row_tokens >= 2) + (p.row_tokens >= 4) + (p.row_tokens >= 8) + (p.row_tokens >= 16);
+}
 // Heads of q / out / lse in a row of 16 (a model of fewer heads, e.g. 8, fills part of the
 // kernels' 16); a struct that never set it (0) means 16. Head h of a row exists for
 // h < heads_in_row: its q, out and lse entry is head_index(p, row, h); the others get

@@ -55,7 +55,8 @@ namespace hipmla {
 
 struct WorkItem {
     int seq;         // -1: the grid is sized for the largest split; this block has no item
-    int row;         // 16 heads of one query token: q, out, lse and the counter of row
+    int row;         // 16 heads of one query token, or it.queries tokens from this one on (row_heads
+                     // below): q, out, lse and the counter of row
     int begin, end;  // tokens [begin, end) of the sequence
     int slot;        // this item's partial slot
     int first_slot;  // the slot of the row's first item
@@ -63,9 +64,27 @@ struct WorkItem {
     int n_items;     // items of the row; 1: the item writes the output itself
     int bad;         // ERR_* bits: the item writes NaN instead of reading its rows
     int fast;        // whole fast_tile tiles of a valid item: the arch's fast kernel runs it
-    int queries;     // query tokens of the row (1; with p.row_tokens > 1 up to that many)
+    int queries;     // query tokens of the row (1; with p.row_tokens > 1 up to that many: a kernel's
+                     // 64-row or, below 16 heads, 16-slot row)
     int sees;        // kv tokens its last query token sees (end <= sees; the earlier ones see fewer)
 };
+
+// A row of the 16-head kernels below 16 heads packs p.row_tokens = 16 / h_q query tokens
+// (8 heads x 2, 4 x 4, 5 x 3, ...): head slot h of the row is head h % heads_in_row of
+// its query token h / heads_in_row, and since q, out and lse are [token][head], slot h's
+// entry is head_index(p, it.row, h) for the row's first token it.row, as at one token a
+// row. The row's slots past its query tokens' heads get zero Q and write nothing.
+// Slots of the item's row that are query heads of the step (16 at 16+ heads).
+HIPMLA_DEVICE int row_heads(const MlaDecodeParams& p, const WorkItem& it) { return it.queries * heads_in_row(p); }
+// Tokens of the item head slot h sees from it.begin on: its query token's causal bound
+// (the row's last token sees it.sees, each earlier one a token less) within the item's;
+// <= 0 where it sees none of them. The kernels mask the slot's scores past it.
+HIPMLA_DEVICE int slot_tokens(const MlaDecodeParams& p, const WorkItem& it, int h) {
+    const int n = it.end - it.begin;
+    if (it.queries <= 1) return n;
+    const int sees = it.sees - (it.queries - 1 - h / heads_in_row(p)) - it.begin;
+    return sees < n ? sees : n;
+}
 
 // Values per first-level group of the block scan: THREADS / SCAN_GROUP group sums.
 constexpr int SCAN_GROUP = 16;
@@ -251,7 +270,8 @@ HIPMLA_DEVICE void report_bad_item(const MlaDecodeParams& p, const WorkItem& it)
 // `block`: the block's index, its item unless p.placement hands the items out
 // (core/placement.h: thread THREADS - 1 claims one between the two scans).
 // MAX_ROW_TOKENS > 1: a kernel whose row may hold several query tokens (p.row_tokens, at
-// most this many); the others keep one a row at no cost (their rows need no division).
+// most this many: the 64-row kernel's 4, the 16-head kernels' 16 below 16 heads); with
+// p.row_tokens 1 (16+ heads) the rows need no division.
 template <int THREADS, int MAX_ROW_TOKENS = 1>
 HIPMLA_DEVICE WorkItem schedule_item(const MlaDecodeParams& p, int block, ScheduleSmem<THREADS>& sm) {
     const int tid = int(thread_index());
@@ -264,9 +284,12 @@ HIPMLA_DEVICE WorkItem schedule_item(const MlaDecodeParams& p, int block, Schedu
     const int s0 = tid * per < p.batch ? tid * per : p.batch;
     const int s1 = s0 + per < p.batch ? s0 + per : p.batch;
     const int groups = head_groups(p);
-    const int rt = MAX_ROW_TOKENS > 1 ? row_tokens(p) : 1;
+    // rt = 2^rt_shift: a row count is a shift, and held in a vector register (opaque_int):
+    // as a division, then as a scalar, it cost the CDNA builds 2-8 SGPRs they did not have.
+    const int rt_shift = MAX_ROW_TOKENS > 1 ? opaque_int(row_token_shift(p)) : 0;
+    const int rt = 1 << rt_shift;
     // A sequence's rows: its query tokens in groups of rt, times the head groups.
-    auto seq_rows = [&](int n) { return (rt == 1 ? n : (n + rt - 1) / rt) * groups; };
+    auto seq_rows = [&](int n) { return ((n + rt - 1) >> rt_shift) * groups; };
 
     long long mine = 0;
     int qo_bad = 0;
@@ -377,7 +400,7 @@ HIPMLA_DEVICE WorkItem schedule_item(const MlaDecodeParams& p, int block, Schedu
                 // One query token of 16 heads (rows = 1) needs no division.
                 const int k = rows == 1 ? local : local / rows, r = rows == 1 ? 0 : local % rows;
                 // The row's first query token j (of rt) and how many it has.
-                const int j = (groups == 1 ? r : r / groups) * rt;
+                const int j = (groups == 1 ? r : r / groups) << rt_shift;
                 const int queries = rt == 1 ? 1 : (qy.n - j < rt ? qy.n - j : rt);
                 WorkItem it;
                 it.seq = s;

@@ -21,6 +21,9 @@
 //         V is restaged in 256-byte slabs (bf16 4, fp8 2; for mxfp4 the whole row is
 //         already resident), so each thread owns 32 accumulators for the whole range.
 // Rows come from core/paged.h, so a paged cache and a contiguous one run the same code.
+// Below 16 heads a row holds several query tokens (core/schedule.h, row_heads): Q.K gives
+// each head's tokens past its own query token's causal bound (slot_tokens) score -inf, and
+// the running max starts at -FLT_MAX (running_max_start) for a head that sees none of a tile.
 #include "params.h"
 #include "common/config.h"
 #include "common/numerics.h"
@@ -145,12 +148,12 @@ HIPMLA_DEVICE void stage_scales(Smem& sm, const MlaDecodeParams& p, KvRows kv, i
     }
 }
 
-// Q of the sequence into shared memory, quantized in place when QP asks for it.
-HIPMLA_DEVICE void load_q(Smem& sm, const MlaDecodeParams& p, int row) {
+// Q of the row into shared memory, quantized in place when QP asks for it.
+HIPMLA_DEVICE void load_q(Smem& sm, const MlaDecodeParams& p, int row, int heads) {
     constexpr int chunks = HEADS * D_QK * 2 / 16;
     constexpr int head_chunks = D_QK * 2 / 16;
-    // The row's existing heads (heads_in_row), zeros for the rest of the 16.
-    const int present = heads_in_row(p) * head_chunks;
+    // The row's query heads (row_heads), zeros for the rest of the 16.
+    const int present = heads * head_chunks;
     const u32x4* src = static_cast<const u32x4*>(p.q) + head_index(p, row, 0) * head_chunks;
     for (int c = int(thread_index()); c < chunks; c += BLOCK_THREADS) {
         reinterpret_cast<u32x4*>(sm.q)[c] = c < present ? src[c] : u32x4{0u, 0u, 0u, 0u};
@@ -224,14 +227,15 @@ HIPMLA_KERNEL(hipmla::BLOCK_THREADS) void HIPMLA_SPLIT_NAME(const MlaDecodeParam
     HIPMLA_SHARED Smem sm;
 
     const int tid = int(thread_index());
-    const WorkItem it = schedule_item<BLOCK_THREADS>(p, int(block_index()), sm.sched);
+    const WorkItem it = schedule_item<BLOCK_THREADS, HEADS>(p, int(block_index()), sm.sched);
     // No item for this block, or whole fast tiles, which the arch's fast kernel runs.
     if (it.seq < 0 || it.fast) return;
     // An item with invalid device-side input reads nothing and writes NaN (below).
     report_bad_item(p, it);
     const int n_tokens = it.bad ? 0 : it.end - it.begin;
     const int seq = it.seq;  // its kv rows
-    const int row = it.row;  // its q, out and lse: 16 heads of one query token
+    const int row = it.row;  // its q, out and lse: 16 heads of one query token (or fewer, of several)
+    const int present = row_heads(p, it);
     const int token_begin = it.begin;
     const int slot = it.n_items > 1 ? it.slot : -1;
     const KvRows kv = kv_rows(p, seq);
@@ -242,10 +246,18 @@ HIPMLA_KERNEL(hipmla::BLOCK_THREADS) void HIPMLA_SPLIT_NAME(const MlaDecodeParam
     // Max-phase role: head and lane within the head.
     const int mh = tid / MAX_LANES;
     const int mi = tid % MAX_LANES;
+    // Tokens of the item each of the thread's Q.K heads sees (n_tokens but for an earlier
+    // query token of a row of several).
+    int head_tokens[HEADS_PER_THREAD];
+#pragma unroll
+    for (int h = 0; h < HEADS_PER_THREAD; ++h) {
+        const int k = slot_tokens(p, it, g * HEADS_PER_THREAD + h);
+        head_tokens[h] = k < n_tokens ? k : n_tokens;
+    }
 
     const float neg_inf = f32_from_bits(0xff800000u);
     const float qk_scale = p.sm_scale_log2 * (KV == FORMAT_FP8 ? p.kv_fp8_scale : 1.0f);
-    float m_run = neg_inf;  // head mh, log2 units
+    float m_run = running_max_start();  // head mh, log2 units (a head may see none of a tile)
     float l_part = 0.0f;    // head mh, this thread's tokens
     float acc[HEADS_PER_THREAD][ACC];
 #pragma unroll
@@ -254,7 +266,7 @@ HIPMLA_KERNEL(hipmla::BLOCK_THREADS) void HIPMLA_SPLIT_NAME(const MlaDecodeParam
         for (int e = 0; e < ACC; ++e) acc[h][e] = 0.0f;
     }
 
-    load_q(sm, p, row);
+    load_q(sm, p, row, present);
 
     for (int t0 = 0; t0 < n_tokens; t0 += TILE_TOKENS) {
         const int rows = n_tokens - t0 < TILE_TOKENS ? n_tokens - t0 : TILE_TOKENS;
@@ -268,10 +280,11 @@ HIPMLA_KERNEL(hipmla::BLOCK_THREADS) void HIPMLA_SPLIT_NAME(const MlaDecodeParam
             block_sync();
             if (lane64 < rows) qk_slab(sm, slab, lane64, g, s);
         }
-        const bool valid = lane64 < rows;
+        // Tokens past the item or past what the head's query token sees: -inf, P = 0.
+        const int tok = t0 + lane64;
         *reinterpret_cast<f32x4*>(sm.score + lane64 * HEADS + g * HEADS_PER_THREAD) =
-            f32x4{valid ? s[0] * qk_scale : neg_inf, valid ? s[1] * qk_scale : neg_inf,
-                  valid ? s[2] * qk_scale : neg_inf, valid ? s[3] * qk_scale : neg_inf};
+            f32x4{tok < head_tokens[0] ? s[0] * qk_scale : neg_inf, tok < head_tokens[1] ? s[1] * qk_scale : neg_inf,
+                  tok < head_tokens[2] ? s[2] * qk_scale : neg_inf, tok < head_tokens[3] ? s[3] * qk_scale : neg_inf};
         block_sync();
 
         // Q.K is done with the slab buffer: fetch the first V slab while the softmax runs.
@@ -343,7 +356,7 @@ HIPMLA_KERNEL(hipmla::BLOCK_THREADS) void HIPMLA_SPLIT_NAME(const MlaDecodeParam
         if (slot >= 0) {
             p.part_ml[(slot * HEADS + mh) * 2] = m_run;
             p.part_ml[(slot * HEADS + mh) * 2 + 1] = l;
-        } else if (p.lse != nullptr && mh < heads_in_row(p)) {
+        } else if (p.lse != nullptr && mh < present) {
             // l = 0 only for an empty sequence; NaN (a bad item) stays NaN.
             p.lse[head_index(p, row, mh)] = !(l <= 0.0f) ? (m_run + log2_f32(l)) * 0.6931471805599453f : neg_inf;
         }
@@ -366,7 +379,7 @@ HIPMLA_KERNEL(hipmla::BLOCK_THREADS) void HIPMLA_SPLIT_NAME(const MlaDecodeParam
                 if (slot >= 0) {
                     float* dst = p.part_acc + ((long long)slot * HEADS + head) * D_V + col + e;
                     *reinterpret_cast<f32x2*>(dst) = f32x2{a0, a1};
-                } else if (head < heads_in_row(p)) {
+                } else if (head < present) {
                     // An empty sequence has l = 0 and acc = 0: its output is 0 (a bad one NaN).
                     const float o0 = !(l <= 0.0f) ? a0 / l : 0.0f;
                     const float o1 = !(l <= 0.0f) ? a1 / l : 0.0f;

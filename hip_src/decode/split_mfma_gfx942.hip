@@ -86,9 +86,12 @@
 // `valid` tokens, wave-uniform) is copied from the row of the item's last token (the
 // token index is clamped before its page-table read, so no load leaves the item, the cache
 // or the sequence's pages) and gets score -inf (masked_score), so P = 0 exactly and its
-// finite V adds exact zeros. The running max starts at -FLT_MAX (running_max_start); a
-// tile always has a valid token, so the first tile's alpha is 0 and the state that of a
-// max starting at -inf. report_bad_item sits at the very end, where nothing is live.
+// finite V adds exact zeros. The running max starts at -FLT_MAX (running_max_start): the
+// first tile with a valid token gives alpha 0 and the state that of a max starting at
+// -inf. Below 16 heads a row holds several query tokens (core/schedule.h, row_heads): a
+// head of an earlier one sees `cut` tokens fewer of the item (slot_tokens), compared as
+// my_token + cut against the same wave-uniform valid, so any tile may mask some heads and
+// a head may see none of a tile (it stays at -FLT_MAX, P = 0). report_bad_item sits at the very end, where nothing is live.
 // After the last tile, the owners write their heads' m and l (partial slot or LSE) and l to
 // LDS, where every wave reads its lanes' head's l to normalise its own output columns.
 #include "params.h"
@@ -270,9 +273,9 @@ struct QSlice {
     u32x4 c[CHUNKS][2];
     u32x2 rope;
 };
-// A head past heads_in_row (a model of fewer than 16) reads head 0's row and keeps zeros.
-HIPMLA_DEVICE QSlice load_q(const MlaDecodeParams& p, int row, int w) {
-    const bool present = lane_col() < heads_in_row(p);
+// A slot from `heads` on (row_heads: below 16 heads) reads head 0's row and keeps zeros.
+HIPMLA_DEVICE QSlice load_q(const MlaDecodeParams& p, int row, int heads, int w) {
+    const bool present = lane_col() < heads;
     const unsigned short* q =
         static_cast<const unsigned short*>(p.q) + head_index(p, row, present ? lane_col() : 0) * D_QK;
     const u32x4 z4 = {0u, 0u, 0u, 0u};
@@ -464,13 +467,14 @@ HIPMLA_KERNEL(hipmla::fast942::THREADS) void HIPMLA_FAST_NAME(const MlaDecodePar
     using namespace hipmla::fast942;
     HIPMLA_SHARED Smem smem;
 
-    const WorkItem it = schedule_item<THREADS>(p, int(block_index()), smem.sched);
+    const WorkItem it = schedule_item<THREADS, HEADS>(p, int(block_index()), smem.sched);
     // p.fast_tile = 0: every item (any length, empty and bad ones too). p.fast_tile > 0:
     // only the items split.hip skips (valid, whole fast tiles).
     if (it.seq < 0 || (p.fast_tile > 0 && !it.fast)) return;
     // An item with invalid device-side input reads no KV and writes NaN (below).
     const int n_tokens = it.bad ? 0 : it.end - it.begin;
-    const int row = it.row;  // its q, out and lse: 16 heads of one query token
+    const int row = it.row;  // its q, out and lse: 16 heads of one query token (or fewer, of several)
+    const int present = row_heads(p, it);
     const int n_tiles = (n_tokens + TILE - 1) / TILE;  // the last one may be partial
     const int slot = it.n_items > 1 ? it.slot : -1;
     const int w = wave_id();
@@ -488,7 +492,10 @@ HIPMLA_KERNEL(hipmla::fast942::THREADS) void HIPMLA_FAST_NAME(const MlaDecodePar
     // partials hold at lane my_head + 16 (my_row / 4), element my_row % 4.
     const int my_head = 4 * w + lane / MFMA_N;
     const int my_row = lane % MFMA_N;
-    const int my_token = token_of(my_row);
+    // Compared `cut` tokens later where my_head, of an earlier query token of a row of
+    // several, sees that many fewer of the item (slot_tokens), so `valid` stays wave-uniform.
+    const int head_n = slot_tokens(p, it, my_head);
+    const int my_token = token_of(my_row) + (head_n < n_tokens ? n_tokens - head_n : 0);
     const float* my_partial =
         reinterpret_cast<const float*>(&smem.red[0][my_head + MFMA_N * (my_row / 4)]) + my_row % 4;
     float m_run = running_max_start();  // head my_head, log2 units
@@ -504,7 +511,7 @@ HIPMLA_KERNEL(hipmla::fast942::THREADS) void HIPMLA_FAST_NAME(const MlaDecodePar
         // compiler knows Q's registers have landed when the loop starts (with Q's loads still
         // pending on some path into it, it waited for them every tile, vmcnt(13) in fp8, behind
         // the next tile's copies).
-        const QSlice q = load_q(p, row, w);
+        const QSlice q = load_q(p, row, present, w);
         const CopyMap map = copy_map(w);
         int entry = 0;
         unsigned mine = rows.row(0, rows.entry(0));  // this lane's row of the next tile to issue
@@ -578,7 +585,7 @@ HIPMLA_KERNEL(hipmla::fast942::THREADS) void HIPMLA_FAST_NAME(const MlaDecodePar
         if (slot >= 0) {
             p.part_ml[(slot * HEADS + my_head) * 2] = big_m;
             p.part_ml[(slot * HEADS + my_head) * 2 + 1] = big_l;
-        } else if (p.lse != nullptr && my_head < heads_in_row(p)) {
+        } else if (p.lse != nullptr && my_head < present) {
             p.lse[head_index(p, row, my_head)] =
                 big_l <= 0.0f ? f32_from_bits(0xff800000u) : (big_m + log2_f32(big_l)) * 0.6931471805599453f;
         }
@@ -599,7 +606,7 @@ HIPMLA_KERNEL(hipmla::fast942::THREADS) void HIPMLA_FAST_NAME(const MlaDecodePar
                 float* dst = p.part_acc + ((long long)slot * HEADS + h) * D_V + col;
 #pragma unroll
                 for (int n = 0; n < ELEMS_PER_DWORD; n += 2) *reinterpret_cast<f32x2*>(dst + n) = f32x2{v[n], v[n + 1]};
-            } else if (h < heads_in_row(p)) {
+            } else if (h < present) {
                 unsigned* dst = reinterpret_cast<unsigned*>(static_cast<unsigned short*>(p.out) +
                                                             head_index(p, row, h) * D_V + col);
 #pragma unroll

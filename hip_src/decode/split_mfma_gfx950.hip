@@ -63,6 +63,9 @@
 // so a wave with no valid token yet keeps alpha = 1 and P = 0 instead of exp2(-inf - -inf)
 // = NaN, and an empty wave merges with weight exp2(-FLT_MAX - M) = 0. An item of a few
 // tokens still costs a whole tile (4 x 9 KiB of copies, mostly the same row from L2).
+// Below 16 heads a row holds several query tokens (core/schedule.h, row_heads): a head of
+// an earlier one sees `cut` tokens fewer of the item (slot_tokens), and its lanes compare
+// token_base + cut against the same wave-uniform valid, so any tile may mask some heads.
 //
 // Per quarter, in wave64 lane roles (arch/gfx950.h): Q.K is computed transposed,
 // S^T = K Q^T (A = K rows, B = Q; bf16 Q: 18 k-steps of 32, each one E8M0 block of K,
@@ -225,10 +228,9 @@ HIPMLA_DEVICE unsigned e2m1_code(float r) {
 
 // Quantizes Q of `seq` block by block (OCP floor rule, RNE, saturating) into element
 // codes + E8M0 in shared memory: the numerics of hip_src/KERNELS.md step 1.
-// Heads past heads_in_row (a model of fewer than 16) read head 0's values as zeros.
-HIPMLA_DEVICE void stage_q(QStage& qs, const MlaDecodeParams& p, int row) {
+// Slots from `present` on (row_heads: below 16 heads) read head 0's values as zeros.
+HIPMLA_DEVICE void stage_q(QStage& qs, const MlaDecodeParams& p, int row, int present) {
     const unsigned short* q = static_cast<const unsigned short*>(p.q) + head_index(p, row, 0) * D_QK;
-    const int present = heads_in_row(p);
     for (int b = int(thread_index()); b < HEADS * SCALES; b += THREADS) {
         const int h = b / SCALES, blk = b % SCALES;
         const unsigned keep = h < present ? 0xffffffffu : 0u;
@@ -266,13 +268,13 @@ HIPMLA_DEVICE void stage_q(QStage& qs, const MlaDecodeParams& p, int row) {
 }
 
 // bf16 Q of `row` into LDS as it is ([head][dim]): 16-byte chunks, 4.5 per thread; zeros
-// for the heads past heads_in_row (a model of fewer than 16).
-HIPMLA_DEVICE void stage_q_bf16(unsigned short* qs, const MlaDecodeParams& p, int row) {
+// for the slots from `heads` on (row_heads: below 16 heads).
+HIPMLA_DEVICE void stage_q_bf16(unsigned short* qs, const MlaDecodeParams& p, int row, int heads) {
     const u32x4* q = reinterpret_cast<const u32x4*>(static_cast<const unsigned short*>(p.q) +
                                                     head_index(p, row, 0) * D_QK);
     u32x4* dst = reinterpret_cast<u32x4*>(qs);
     constexpr int PER_HEAD = D_QK / 8;
-    const int present = heads_in_row(p) * PER_HEAD;
+    const int present = heads * PER_HEAD;
     for (int c = int(thread_index()); c < HEADS * PER_HEAD; c += THREADS)
         dst[(c / PER_HEAD) * (Q_STRIDE / 8) + c % PER_HEAD] = c < present ? q[c] : u32x4{0u, 0u, 0u, 0u};
 }
@@ -458,14 +460,15 @@ HIPMLA_KERNEL(hipmla::fast950::THREADS) void HIPMLA_FAST_NAME(const MlaDecodePar
     using namespace hipmla::fast950;
     HIPMLA_SHARED Smem sm;
 
-    const WorkItem it = schedule_item<THREADS>(p, int(block_index()), sm.start.sched);
+    const WorkItem it = schedule_item<THREADS, HEADS>(p, int(block_index()), sm.start.sched);
     // p.fast_tile = 0: every item (any length, empty and bad ones too). p.fast_tile > 0:
     // only the items split.hip skips (valid, whole fast tiles), as before masked tails.
     if (it.seq < 0 || (p.fast_tile > 0 && !it.fast)) return;
     // An item with invalid device-side input reads no KV and writes NaN (below).
     const int n_tokens = it.bad ? 0 : it.end - it.begin;
     const int seq = it.seq;  // its kv rows
-    const int row = it.row;  // its q, out and lse: 16 heads of one query token
+    const int row = it.row;  // its q, out and lse: 16 heads of one query token (or fewer, of several)
+    const int present = row_heads(p, it);
     const int n_tiles = (n_tokens + TILE - 1) / TILE;  // the last one may be partial
     const int last = it.begin + n_tokens - 1;          // the item's last token (n_tokens > 0)
     const int slot = it.n_items > 1 ? it.slot : -1;
@@ -479,9 +482,9 @@ HIPMLA_KERNEL(hipmla::fast950::THREADS) void HIPMLA_FAST_NAME(const MlaDecodePar
     LaneScales scales = {};
     if (n_tiles > 0) scales = fetch_quarter(sm.buf[0][w], p, quarter_rows(kv, quarter_begin, last));
     if constexpr (Q_BF16) {
-        stage_q_bf16(sm.q_bf16, p, row);
+        stage_q_bf16(sm.q_bf16, p, row, present);
     } else {
-        stage_q(sm.start.q, p, row);
+        stage_q(sm.start.q, p, row, present);
     }
     block_sync();
     QOperand q;
@@ -497,8 +500,11 @@ HIPMLA_KERNEL(hipmla::fast950::THREADS) void HIPMLA_FAST_NAME(const MlaDecodePar
     QuarterRows next_rows = {0u};
     if (n_tiles > 0) next_rows = quarter_rows(kv, quarter_begin + (n_tiles > 1 ? TILE : 0), last);
     // Score (i, j) of this lane is token score_token(i, 4 g + j) = 16 i + 4 j + token_base
-    // of its quarter; masked_score compares token_base with the quarter's valid count.
-    const int token_base = ((g & 1) << 1) + (g >> 1);
+    // of its quarter; masked_score compares token_base with the quarter's valid count. Head
+    // h of an earlier query token of a row of several sees `cut` tokens fewer of the item
+    // (slot_tokens): its tokens are compared `cut` later, so `valid` stays wave-uniform.
+    const int head_n = slot_tokens(p, it, h);
+    const int token_base = ((g & 1) << 1) + (g >> 1) + (head_n < n_tokens ? n_tokens - head_n : 0);
 
     float m_run = running_max_start();  // head h, log2 units; equal in the 4 lane groups
     float l_lane = 0.0f;    // head h, this lane's tokens
@@ -608,7 +614,7 @@ HIPMLA_KERNEL(hipmla::fast950::THREADS) void HIPMLA_FAST_NAME(const MlaDecodePar
     if (slot >= 0 && lane < HEADS && w == 0) {
         p.part_ml[(slot * HEADS + h) * 2] = big_m;
         p.part_ml[(slot * HEADS + h) * 2 + 1] = big_l;
-    } else if (slot < 0 && lane < HEADS && w == 0 && p.lse != nullptr && h < heads_in_row(p)) {
+    } else if (slot < 0 && lane < HEADS && w == 0 && p.lse != nullptr && h < present) {
         p.lse[head_index(p, row, h)] = big_l <= 0.0f ? f32_from_bits(0xff800000u) : (big_m + log2_f32(big_l)) * 0.6931471805599453f;
     }
 #pragma unroll
@@ -621,7 +627,7 @@ HIPMLA_KERNEL(hipmla::fast950::THREADS) void HIPMLA_FAST_NAME(const MlaDecodePar
             f32x4* dst = reinterpret_cast<f32x4*>(p.part_acc + ((long long)slot * HEADS + h) * D_V + col);
             dst[0] = f32x4{v[0], v[1], v[2], v[3]};
             dst[1] = f32x4{v[4], v[5], v[6], v[7]};
-        } else if (h < heads_in_row(p)) {
+        } else if (h < present) {
             u32x4* dst = reinterpret_cast<u32x4*>(static_cast<unsigned short*>(p.out) + head_index(p, row, h) * D_V + col);
             *dst = u32x4{pack_bf16x2(v[0] / denom, v[1] / denom), pack_bf16x2(v[2] / denom, v[3] / denom),
                          pack_bf16x2(v[4] / denom, v[5] / denom), pack_bf16x2(v[6] / denom, v[7] / denom)};

@@ -36,6 +36,9 @@
 //         register order of the P.V A operand (pfrag) -- the one softmax state of the block.
 //         A tile none of whose scores exceeds the running max (a warp-wide vote) keeps m
 //         and alpha = 1 without the 4-shuffle max chain: the values that chain would give.
+//         Scores past the item, or (below 16 heads, several query tokens a row) past the
+//         head's own token's bound (n_sh, core/schedule.h slot_tokens), are -inf; m starts
+//         at -FLT_MAX (running_max_start), so a head that sees none of a tile stays finite.
 //   P.V   O_w += P V over the tile's 32 tokens (2 k16-steps) and the warp's 64 columns
 //         (8 n-tiles): V is NOT dequantized again. The K registers of Q.K hold exactly the
 //         V values of the warp's columns (V = the first 512 dims of the row), and
@@ -283,7 +286,7 @@ extern "C" __global__ void __launch_bounds__(hipmla::sm90k::THREADS, 2) HIPMLA_S
 
     const int tid = int(thread_index());
     const int warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
-    const WorkItem it = schedule_item<THREADS>(p, int(block_index()), sm.x.sched);
+    const WorkItem it = schedule_item<THREADS, HEADS>(p, int(block_index()), sm.x.sched);
     if (it.seq < 0) return;
     if (p.fast_tile > 0 && !it.fast) return;  // the portable kernel's item
     // An item with invalid device-side input reads nothing and writes NaN (below).
@@ -302,9 +305,9 @@ extern "C" __global__ void __launch_bounds__(hipmla::sm90k::THREADS, 2) HIPMLA_S
     // flight beside the prologue's tiles (whose page-table reads would otherwise follow
     // Q's memory latency instead of overlapping it).
     {
-        // Heads past heads_in_row (a model of fewer than 16) are zero-filled, read from nowhere.
+        // Slots past the row's query heads (row_heads: below 16 heads) are zero-filled, read from nowhere.
         const unsigned short* qg = static_cast<const unsigned short*>(p.q) + head_index(p, row, 0) * D_QK;
-        const int present = heads_in_row(p) * (D_QK / 8);
+        const int present = row_heads(p, it) * (D_QK / 8);
         for (int i = tid; i < HEADS * D_QK / 8; i += THREADS)
             cp_async_16(smem_address(sm.x.q + 8 * i), qg + 8 * (i < present ? i : 0), i < present ? 16u : 0u);
         cp_async_commit();
@@ -364,7 +367,14 @@ extern "C" __global__ void __launch_bounds__(hipmla::sm90k::THREADS, 2) HIPMLA_S
     // Softmax role: head sh = 2 warp + lane / 16, tokens 2 su, 2 su + 1 of the tile.
     const int sh = 2 * warp + (lane >> 4), su = lane & 15;
     const float qk_scale = p.sm_scale_log2 * (FP8 ? p.kv_fp8_scale : 1.0f);
-    float m_run = neg_inf, l_run = 0.0f;
+    // Tokens of the item head sh sees: n, or fewer for an earlier query token of a row of
+    // several (slot_tokens); its scores past them are masked.
+    const int n_sh = [&] {
+        const int k = slot_tokens(p, it, sh);
+        return k < n ? k : n;
+    }();
+    // From -FLT_MAX (running_max_start): a head may see none of a tile's tokens.
+    float m_run = running_max_start(), l_run = 0.0f;
     // Where the thread's alpha and P go (byte offsets in shared memory), formed once: inside
     // the loop ptxas rebuilt them from the thread index every tile. Tokens 16 kk' + 2u, +1
     // (u = su % 8) are P.V k-slots 2u, 2u + 1 of step kk'.
@@ -570,8 +580,8 @@ extern "C" __global__ void __launch_bounds__(hipmla::sm90k::THREADS, 2) HIPMLA_S
                 sum.y += part.y;
             }
             const int tok = tile * TILE + 2 * su;
-            const float s0 = tok < n ? sum.x * q_unscale * qk_scale : neg_inf;
-            const float s1 = tok + 1 < n ? sum.y * q_unscale * qk_scale : neg_inf;
+            const float s0 = tok < n_sh ? sum.x * q_unscale * qk_scale : neg_inf;
+            const float s1 = tok + 1 < n_sh ? sum.y * q_unscale * qk_scale : neg_inf;
             // Once the running max has settled, no score of a tile exceeds it: then the
             // max over the tile is m_run itself and alpha is exactly 1, so one vote replaces
             // the 4-shuffle reduction chain and the ex2 (the same m and alpha either way).
@@ -652,6 +662,7 @@ extern "C" __global__ void __launch_bounds__(hipmla::sm90k::THREADS, 2) HIPMLA_S
     const WorkItem done = sm.item;  // what the tiles' registers made room for
     const int out_row = done.row;   // its out and lse
     const int slot = done.n_items > 1 ? done.slot : -1;
+    const int present = row_heads(p, done);  // slots that are query heads of the step
     if (done.bad) {  // NaN partial or output: the merge turns it into NaN for the sequence
         const float nan = f32_from_bits(0x7fc00000u);
         m_run = nan;
@@ -673,7 +684,7 @@ extern "C" __global__ void __launch_bounds__(hipmla::sm90k::THREADS, 2) HIPMLA_S
         if (slot >= 0) {
             p.part_ml[(slot * HEADS + sh) * 2] = m_run;
             p.part_ml[(slot * HEADS + sh) * 2 + 1] = l;
-        } else if (p.lse != nullptr && sh < heads_in_row(p)) {
+        } else if (p.lse != nullptr && sh < present) {
             // l = 0 only for an empty sequence; NaN (a bad item) stays NaN.
             p.lse[head_index(p, out_row, sh)] = !(l <= 0.0f) ? (m_run + log2_f32(l)) * 0.6931471805599453f : neg_inf;
         }
@@ -717,7 +728,7 @@ extern "C" __global__ void __launch_bounds__(hipmla::sm90k::THREADS, 2) HIPMLA_S
         const f32x4 a = quad[k];
         if (slot >= 0) {
             store_global(reinterpret_cast<f32x4*>(p.part_acc + ((long long)slot * HEADS + head) * D_V + d), a);
-        } else if (head < heads_in_row(p)) {
+        } else if (head < present) {
             // An empty sequence has l = 0 and O = 0: its output is 0 (a bad one NaN).
             const float lh = sm.l[head];
             const bool keep = !(lh <= 0.0f);
