@@ -214,7 +214,8 @@ def emulate_decode(
     """Predicted device output ``(n, h, 512)`` bf16 and LSE ``(n, h)`` f32 for the query
     tokens of the sequences ``seqs`` (default all; n = batch with one query token per
     sequence), the step cut into items by ``policy`` as the device cuts it: one row (16
-    heads of one query token, causal: ``hipmla.queries``) per item. ``layout`` is a
+    heads of one query token, or below 16 heads several tokens' heads; causal:
+    ``hipmla.queries``) per item. ``layout`` is a
     :class:`~hipmla.paging.KvLayout` (or a host ``kv_indptr`` for contiguous rows);
     ``qo_indptr`` as in :func:`hipmla.reference.mla_decode_reference`. ``q_fp8_variant``
     is the e4m3 flavour the target quantizes fp8 Q to (default: the cache's). Items of
@@ -226,8 +227,8 @@ def emulate_decode(
     ``row_heads``: rows of heads x query tokens one schedule row holds (the 64-row sm_90a
     kernel: 64; a multiple of 16 that divides the heads or that they divide): the split is
     the device's for heads / row_heads rows a query token, or below row_heads heads for
-    rows of row_heads // heads query tokens (``hipmla.schedule.row_shape``; the 16-head
-    kernels below 16 heads too),
+    rows of several query tokens (``hipmla.schedule.row_shape``: row_heads // heads rounded
+    down to a power of two; the 16-head kernels below 16 heads too),
     and each item serves its row's 16-head groups, each with its own softmax and merge over
     what its query token sees of the item's tokens."""
     from hipmla.queries import check_causal, check_heads, check_qo_indptr, head_groups, q_lens, visible
@@ -296,7 +297,10 @@ def emulate_decode(
                     t1 = min(int(items.end[j]), sees)
                     t0 = min(int(items.begin[j]), t1)
                     k = kv.dequantize(layout.rows(int(b), t0, t1))
-                    if fast_any_length or (policy.fast_tile and t1 > t0 and (t1 - t0) % policy.fast_tile == 0):
+                    # The kernel that runs the item is chosen by the item's length, not by
+                    # what this token sees of it (an earlier token of a row sees fewer).
+                    length = int(items.end[j]) - int(items.begin[j])
+                    if fast_any_length or (policy.fast_tile and length > 0 and length % policy.fast_tile == 0):
                         parts.append(emulate_fast_item(qrow, k, scale_log2, fast_schedule))
                     else:
                         parts.append(emulate_work_item(qrow, k, scale_log2, tile_tokens, products=products))

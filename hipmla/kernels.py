@@ -165,7 +165,7 @@ class KernelSpec:
     def schedule_rows(self, heads: int) -> tuple[int, int]:
         """``(p.head_groups, p.row_tokens)`` for ``heads`` heads (hipmla.schedule.row_shape:
         fewer heads than the row's query rows share a row among row_heads // heads query
-        tokens, e.g. 8 heads x 2 in a 16-head row)."""
+        tokens rounded down to a power of two, e.g. 8 heads x 2 in a 16-head row)."""
         return row_shape(heads, self.row_heads)
 
     def options(self, arch: str) -> list[str]:

@@ -16,7 +16,7 @@ read a range run side by side; query token j of n sees ``len - n + j + 1`` token
 A kernel whose row holds more query rows than the model has heads puts ``row_tokens``
 query tokens in a row (row ``q`` is then query tokens ``q .. q + queries - 1``): the
 64-row sm_90a kernel below 64 heads, and the 16-head kernels below 16 heads (8 heads x 2
-tokens, 4 x 4, 5 x 3, ...). The item covers what the last of them sees (``sees``), and
+tokens, 4 x 4, 5 x 2: a power of two, :func:`row_shape`). The item covers what the last of them sees (``sees``), and
 the kernel masks the earlier ones' last tokens.
 """
 

@@ -55,8 +55,8 @@ def main() -> int:
 def query_rows(fmt: str, rng) -> float:
     """16 heads x q_len 0..6 ragged and 32 heads x 0..3, page table of 16, the decoder given
     q_len 4 / 2 (on sm_90 an mxfp4 or fp8 cache runs the 64-row kernel with rows of 4 / 2 query
-    tokens, some of fewer), and 8 heads x 0..5 (half of each 16-head row: nothing may be read
-    or written past the model's 8 heads): the worst |device - emulator|."""
+    tokens, some of fewer), and 8 heads x 0..5 (two query tokens a 16-head row, some of one:
+    nothing may be read or written past the row's query heads): the worst |device - emulator|."""
     worst = 0.0
     for heads, q_lens in ((16, np.array([4, 0, 1, 6, 3, 4])), (32, np.array([2, 1, 0, 3, 2, 2])),
                           (8, np.array([3, 1, 0, 2, 5, 1]))):

@@ -24,7 +24,7 @@ from hipmla.emulate import (
 )
 from hipmla.formats import quantize_kv, to_bf16
 from hipmla.inputs import make_inputs
-from hipmla.paging import gather, random_page_table, scatter
+from hipmla.paging import KvLayout, gather, random_page_table, scatter
 from hipmla.schedule import SplitPolicy, schedule
 from hipmla.reference import mla_decode_reference
 
@@ -590,3 +590,24 @@ def test_f16_products_round_p_to_f16_only_for_pv():
     assert a.acc[0, 5] == p_small and b.acc[0, 5] == np.float32(np.float16(p_small)) and a.acc[0, 5] != b.acc[0, 5]
     with pytest.raises(ValueError, match="products"):
         emulate_work_item(q, k, np.float32(1.0), products="fp8")
+
+
+def test_a_row_of_several_query_tokens_follows_the_kernel_that_runs_its_item():
+    """8 heads x 2 query tokens share a row: the item of whole 128-token fast tiles runs on
+    the fast kernel, which masks the first token's last kv token; so both tokens follow the
+    fast kernel's schedule (as when it runs every item), though the first sees 255 tokens,
+    no whole number of tiles. Chosen by what the token saw, the first went to the portable
+    kernel's 64-token tiles."""
+    rng = np.random.default_rng(1)
+    kv = quantize_kv(rng.standard_normal((256, 576), dtype=np.float32), "bf16")
+    q = (rng.standard_normal((2, 8, 576), dtype=np.float32) * 3).astype(ml_dtypes.bfloat16)
+    layout, qo = KvLayout.contiguous(np.array([256])), np.array([0, 2])
+    fast = SplitPolicy.for_device(1, fast_tile=128)
+    s = schedule([256], fast, q_lens=[2], row_tokens=2)
+    assert s.size == 2 and (s.queries == 2).all() and ((s.end - s.begin) % 128 == 0).all()
+    out, lse = emulate_decode(q, kv, layout, 1 / 24, fast, qo_indptr=qo, fast_schedule=GFX950_SCHEDULE)
+    every, every_lse = emulate_decode(q, kv, layout, 1 / 24, SplitPolicy.for_device(1), qo_indptr=qo,
+                                      fast_schedule=GFX950_SCHEDULE, fast_any_length=True)
+    assert np.array_equal(out.view(np.uint16), every.view(np.uint16)) and np.array_equal(lse, every_lse)
+    portable, _ = emulate_decode(q, kv, layout, 1 / 24, SplitPolicy.for_device(1), qo_indptr=qo)
+    assert not np.array_equal(out[0].view(np.uint16), portable[0].view(np.uint16))

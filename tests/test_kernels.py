@@ -471,7 +471,7 @@ def run_on_host(host_kernels, q, kv: KVCache, layout: KvLayout, policy: SplitPol
     must reset."""
     batch = layout.batch
     t_q, heads = q.shape[0], q.shape[1]
-    rows = t_q * head_groups(heads)  # rows of 16 heads (fewer heads fill part of one)
+    rows = t_q * head_groups(heads)  # counters: a row's first query token keys them (below 16 heads too)
     # Schedule rows as the decoder sets them (below 16 heads, several query tokens a row).
     groups, row_tokens = (spec or split_kernel(kv.format, q_precision)).schedule_rows(heads)
     slots = spec.row_heads // 16 if spec is not None else 1  # 16-head partial slots an item
@@ -931,11 +931,19 @@ def test_fewer_heads_on_cpu_pack_query_tokens_into_rows(host_kernels, kv_format,
     rng = np.random.default_rng(len(kv_format) + len(q_precision) + len(arch) + heads)
     # The step's last row is a split row (merged) in one order, a row of one item (written
     # by its block) in the other: a slot past the row's heads written from either would
-    # land in the guard run_on_host keeps after the output. q_len 7 and 20: rows of 16 //
-    # heads tokens and a last row of fewer; 129 tokens with 20 queries: a split boundary
-    # (64) that the earlier queries' bounds straddle.
-    for lens, q_lens in (([3, 70, 2, 129, 0, 40, 300], [3, 4, 1, 20, 0, 1, 7]),
-                         ([300, 40, 0, 129, 2, 70, 3], [1, 1, 0, 20, 1, 4, 3])):
+    # land in the guard run_on_host keeps after the output. q_len 7 and 20: rows of
+    # row_tokens and a last row of fewer; 129 tokens with 20 queries: a split boundary (64)
+    # that the earlier queries' bounds straddle. The third batch, split finer, has items
+    # that the first tokens of their rows see none of (65 tokens, 16 queries: the row of
+    # queries 14 and 15 has items [0, 64) and [64, 65), and query 14 sees 64 tokens): those
+    # heads' partials are empty (m = -FLT_MAX, l = 0) and weigh nothing in the merge.
+    fine = SplitPolicy(target_items=64, min_split_tokens=64, align_tokens=64)
+    for lens, q_lens, policy in (([3, 70, 2, 129, 0, 40, 300], [3, 4, 1, 20, 0, 1, 7], POLICY),
+                                 ([300, 40, 0, 129, 2, 70, 3], [1, 1, 0, 20, 1, 4, 3], POLICY),
+                                 ([65, 16, 65, 66, 130, 17], [16, 16, 16, 12, 16, 16], fine)):
+        if policy is fine and row_tokens > 1:
+            s = schedule(lens, policy, q_lens=q_lens, row_tokens=row_tokens)
+            assert ((s.begin >= s.sees - (s.queries - 1)) & (s.end > s.begin)).any()
         qo = np.concatenate([[0], np.cumsum(q_lens)])
         layout = random_page_table(np.array(lens), 16, rng, spare_pages=3)
         rows = int(layout.kv_indices.max(initial=0) + 1) * 16
@@ -943,11 +951,11 @@ def test_fewer_heads_on_cpu_pack_query_tokens_into_rows(host_kernels, kv_format,
               else random_cache(rows, kv_format, rng, scale_stride=24, fp8_variant=fp8_variant))
         qh = rng.standard_normal((int(qo[-1]), heads, 576), dtype=np.float32).astype(ml_dtypes.bfloat16)
         errors = np.zeros(1, np.int32)
-        out, lse, counters = run_on_host(host_kernels, qh, kv, layout, POLICY, 1 / 24, q_precision, arch,
+        out, lse, counters = run_on_host(host_kernels, qh, kv, layout, policy, 1 / 24, q_precision, arch,
                                          errors, qo, spec=spec)
         assert errors[0] == 0 and (counters == 0).all()
         assert np.isfinite(out).all() and not np.isnan(lse).any()  # every head of every query token written
-        emu_out, emu_lse = emulate_decode(qh, kv, layout, 1 / 24, POLICY, qo_indptr=qo, q_precision=q_precision,
+        emu_out, emu_lse = emulate_decode(qh, kv, layout, 1 / 24, policy, qo_indptr=qo, q_precision=q_precision,
                                           q_fp8_variant=fp8_variant, **emu_kw)
         v_max = float(np.abs(kv.dequantize(np.arange(kv.rows))[:, :512]).max())
         assert_within_p_flips(out.astype(ml_dtypes.bfloat16), lse, emu_out, emu_lse, v_max,

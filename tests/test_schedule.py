@@ -409,18 +409,21 @@ def test_device_schedule_of_several_query_tokens_and_heads_equals_the_host_model
         assert list(it) == list(s.first_slot[it[0]] + s.slot_stride[it[0]] * np.arange(it.size))
 
 
-@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("seed", range(8))
 def test_device_schedule_of_several_query_tokens_a_row_equals_the_host_model(dump, seed):
-    # The 64-row kernel below 64 heads: rows of row_tokens query tokens (16 heads x 4, 32
-    # heads x 2), ragged 0..9 query tokens a sequence, so rows of fewer tokens too; paged on
-    # odd seeds; the lone split and the fit on seed 3.
+    # Rows of row_tokens query tokens: the 64-row kernel below 64 heads (16 heads x 4, 32
+    # heads x 2), the 16-head kernels below 16 heads (2 heads x 8, 1 x 16); ragged query
+    # tokens a sequence (0..9, 0..39 from seed 4 on), so rows of fewer tokens too; paged on
+    # odd seeds; the lone split and the fit on seeds 3 and 7; seed 6 has as many kv tokens
+    # as query tokens everywhere.
     rng = np.random.default_rng(700 + seed)
-    rt = [4, 2, 4, 2][seed]
-    q_lens = rng.integers(0, 10, size=[30, 7, 260, 50][seed])
-    lens = q_lens + rng.integers(0, 4000, size=q_lens.size)
+    rt = [4, 2, 4, 2, 8, 16, 16, 8][seed]
+    q_lens = rng.integers(0, 10 if seed < 4 else 40, size=[30, 7, 260, 50, 30, 7, 200, 50][seed])
+    lens = q_lens + (0 if seed == 6 else rng.integers(0, 4000, size=q_lens.size))
     qo = np.concatenate([[0], np.cumsum(q_lens)])
     layout = random_page_table(lens, 16, rng, spare_pages=5) if seed % 2 else KvLayout.contiguous(lens)
-    policy = SplitPolicy.for_device(int(rng.integers(1, 140)), items_per_cu=1, lone=seed == 3, fit=seed == 3)
+    policy = SplitPolicy.for_device(int(rng.integers(1, 140)), items_per_cu=1, lone=seed % 4 == 3,
+                                    fit=seed % 4 == 3)
     got = _device_items(dump, layout, policy, qo, 1, rt)
     s = schedule(lens, policy, q_lens=q_lens, head_groups=1, row_tokens=rt)
     _assert_items_are(got, s)

@@ -85,10 +85,10 @@ HIPMLA_DEVICE int row_tokens(const MlaDecodeParams& p) { return p.row_tokens > 1
 HIPMLA_DEVICE int row_token_shift(const MlaDecodeParams& p) {
     return (p.row_tokens >= 2) + (p.row_tokens >= 4) + (p.row_tokens >= 8) + (p.row_tokens >= 16);
 }
-// Heads of q / out / lse in a row of 16 (a model of fewer heads, e.g. 8, fills part of the
-// kernels' 16); a struct that never set it (0) means 16. Head h of a row exists for
-// h < heads_in_row: its q, out and lse entry is head_index(p, row, h); the others get
-// zero Q and write nothing.
+// Heads of q / out / lse a query token has in a row of 16 (the model's, below 16); a
+// struct that never set it (0) means 16. Slot h of a row whose first query token is `row`
+// has its q, out and lse entry at head_index(p, row, h), for h < row_heads (core/schedule.h:
+// below 16 heads a row holds several query tokens); the others get zero Q and write nothing.
 HIPMLA_DEVICE int heads_in_row(const MlaDecodeParams& p) {
     return p.heads_in_row > 0 && p.heads_in_row < HEADS ? p.heads_in_row : HEADS;
 }

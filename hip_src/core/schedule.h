@@ -6,7 +6,8 @@
 // Every block computes the same split from the same lengths (hipmla/schedule.py is the
 // bit-for-bit host model; tests/test_schedule.py holds them together):
 //
-//   rows_s = n_s x head_groups: sequence s's rows (16 heads of one of its n_s query tokens)
+//   rows_s = ceil(n_s / row_tokens) x head_groups: sequence s's rows (16 heads of one of its
+//            n_s query tokens, or row_tokens of them below 16 (64 in the 64-row kernel) heads)
 //   total  = sum over s of len_s x rows_s (the work, in token-rows)
 //   chunk  = round_up(max(ceil(total / split_target), split_min_tokens), split_align)
 //   k_s    = max(ceil(len_s / chunk), 1) token ranges of sequence s; when
@@ -25,8 +26,10 @@
 //   items  = k_s x rows_s per sequence, range-major: item (k, r) of s is number
 //            first_s + k rows_s + r, so the rows that read the same kv range run side by
 //            side (they share it through L2). Row r = query token j = r / head_groups,
-//            head group r % head_groups; its item covers the range clamped to the
-//            tokens query token j sees: len_s - n_s + j + 1 (causal within the step).
+//            head group r % head_groups (row_tokens > 1: query tokens j = r row_tokens ..
+//            + queries - 1); its item covers the range clamped to the tokens its last
+//            query token j sees: len_s - n_s + j + 1 (causal within the step; the kernel
+//            masks what an earlier token of the row does not see).
 //            The items of one row are slots first_s + r + k rows_s (stride rows_s).
 //
 // Item i is block i's and writes partial slot i. A sequence whose indptr entries are
@@ -69,8 +72,8 @@ struct WorkItem {
     int sees;        // kv tokens its last query token sees (end <= sees; the earlier ones see fewer)
 };
 
-// A row of the 16-head kernels below 16 heads packs p.row_tokens = 16 / h_q query tokens
-// (8 heads x 2, 4 x 4, 5 x 3, ...): head slot h of the row is head h % heads_in_row of
+// A row of the 16-head kernels below 16 heads packs p.row_tokens query tokens, 16 / h_q
+// rounded down to a power of two (8 heads x 2, 4 x 4, 5 x 2, 3 x 4, ...): head slot h of the row is head h % heads_in_row of
 // its query token h / heads_in_row, and since q, out and lse are [token][head], slot h's
 // entry is head_index(p, it.row, h) for the row's first token it.row, as at one token a
 // row. The row's slots past its query tokens' heads get zero Q and write nothing.

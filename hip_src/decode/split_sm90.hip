@@ -293,7 +293,7 @@ extern "C" __global__ void __launch_bounds__(hipmla::sm90k::THREADS, 2) HIPMLA_S
     report_bad_item(p, it);
     const int n = it.bad ? 0 : it.end - it.begin;
     const int seq = it.seq;  // its kv rows
-    const int row = it.row;  // its q: 16 heads of one query token
+    const int row = it.row;  // its q: 16 heads of one query token (or fewer, of several)
     if (tid == 0) sm.item = it;
     const KvRows rows = kv_rows(p, seq);
     const float neg_inf = f32_from_bits(0xff800000u);

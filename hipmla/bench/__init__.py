@@ -60,7 +60,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("--q-precision", default="auto", choices=("auto",) + Q_PRECISIONS,
                    help="Q as the decoder takes it (auto: its default, bf16)")
     p.add_argument("--mtp", action="store_true",
-                   help="instead: 128 heads x 1 query token, 16 heads x 4 tokens, 8 heads x 1 and 2, ... "
+                   help="instead: 128 heads x 1 query token, 16 heads x 4 tokens, 8 heads x 1 and 2, 4 x 4, ... "
                         "at bs 32/128 x 8k "
                         "(TFLOP/s against a bf16 matmul measured in the same run)")
     a = p.parse_args(argv)

@@ -16,9 +16,9 @@ from hipmla.decode import Decoder
 from hipmla.inputs import BENCH_SM_SCALE, random_cache
 from hipmla.paging import KvLayout
 
-#: Several heads / query tokens a sequence: (heads, query tokens per sequence); 8 heads fill
-#: half of each 16-head row.
-MTP_CASES = ((128, 1), (64, 1), (32, 2), (16, 2), (16, 4), (8, 1), (8, 2))
+#: Several heads / query tokens a sequence: (heads, query tokens per sequence); 8 heads x 1
+#: fill half of each 16-head row, 8 x 2 and 4 x 4 a whole row (two and four tokens a row).
+MTP_CASES = ((128, 1), (64, 1), (32, 2), (16, 2), (16, 4), (8, 1), (8, 2), (4, 4))
 MTP_BATCHES = (32, 128)
 MTP_KV_LEN = 8192
 
