@@ -324,18 +324,9 @@ def test_the_runner_passes_a_device_that_computes_what_the_emulator_does(monkeyp
     # The kernel's own 32-token softmax steps; 16 heads, then 8 heads x 4 query tokens (two a row).
     assert seen == [(SM90.symbol, 32, 16, 16, None), (SM90.symbol, 32, 16, 8, 4)]
 
-    def wrong_with_query_tokens(self, q, kv, layout, qo_indptr=None):
-        out, lse = self.emulate(q, kv, layout, qo_indptr=qo_indptr)
-        return (out if qo_indptr is None else out * 2), lse
-
-    monkeypatch.setattr(decode.Decoder, "decode", wrong_with_query_tokens)
-    verdict = selftest.check_kernel(SM90, use_cache=False)
-    assert not verdict.passed and "8 heads x 4 query tokens: " in verdict.message
-
 
 def test_the_runner_runs_both_cases_of_the_64_row_kernel(monkeypatch, verdicts):
-    """64 heads, then 16 heads x 4 query tokens; a wrong answer in the second alone fails
-    the kernel and says which case."""
+    """64 heads, then 16 heads x 4 query tokens."""
     fake_runtime(monkeypatch, "sm_90")
     rows64 = kernels.sm90_rows64_kernel("mxfp4")
     seen = []
@@ -347,13 +338,20 @@ def test_the_runner_runs_both_cases_of_the_64_row_kernel(monkeypatch, verdicts):
     monkeypatch.setattr(decode.Decoder, "decode", decode_as_emulated)
     assert selftest.check_kernel(rows64).passed and seen == [(64, None), (16, 4)]
 
+
+@pytest.mark.parametrize("spec, case", [(SM90, "8 heads x 4 query tokens"),
+                                        (kernels.sm90_rows64_kernel("mxfp4"), "16 heads x 4 query tokens")])
+def test_a_wrong_answer_in_the_case_of_query_tokens_alone_fails_the_kernel(monkeypatch, verdicts, spec, case):
+    """The second case (rows of several query tokens) is checked on its own and named."""
+    fake_runtime(monkeypatch, "sm_90")
+
     def wrong_with_query_tokens(self, q, kv, layout, qo_indptr=None):
         out, lse = self.emulate(q, kv, layout, qo_indptr=qo_indptr)
         return (out if qo_indptr is None else out * 2), lse
 
     monkeypatch.setattr(decode.Decoder, "decode", wrong_with_query_tokens)
-    verdict = selftest.check_kernel(rows64, use_cache=False)
-    assert not verdict.passed and "16 heads x 4 query tokens: " in verdict.message
+    verdict = selftest.check_kernel(spec, use_cache=False)
+    assert not verdict.passed and f"{case}: " in verdict.message
 
 
 def test_the_runner_fails_the_fakes_zeros(monkeypatch, verdicts):
