@@ -1,6 +1,7 @@
 // The split merge, inside the decode kernel: every item of a split row (16 heads of one
-// query token, or below 16 heads those of several) writes its partial (acc, m, l) to its slot, then arrives at the row's
-// counter, and the row's slots are merged into the bf16 output and LSE. No combine
+// query token, or below 16 heads those of several) writes its partial (acc, m, l) to its
+// slot, then arrives at the row's counter, and the row's slots are merged into the bf16
+// output and LSE. No combine
 // kernel, no second launch.
 //
 // Who merges. One block reading every slot of a row is bound by what one SM pulls from

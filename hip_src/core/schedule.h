@@ -73,17 +73,20 @@ struct WorkItem {
 };
 
 // A row of the 16-head kernels below 16 heads packs p.row_tokens query tokens, 16 / h_q
-// rounded down to a power of two (8 heads x 2, 4 x 4, 5 x 2, 3 x 4, ...): head slot h of the row is head h % heads_in_row of
-// its query token h / heads_in_row, and since q, out and lse are [token][head], slot h's
-// entry is head_index(p, it.row, h) for the row's first token it.row, as at one token a
-// row. The row's slots past its query tokens' heads get zero Q and write nothing.
+// rounded down to a power of two (8 heads x 2, 4 x 4, 5 x 2, 3 x 4, ...): head slot h of
+// the row is head h % heads_in_row of its query token h / heads_in_row, and since q, out
+// and lse are [token][head], slot h's entry is head_index(p, it.row, h) for the row's first
+// token it.row, as at one token a row. The row's slots past its query tokens' heads get
+// zero Q and write nothing.
+
 // Slots of the item's row that are query heads of the step (16 at 16+ heads).
 HIPMLA_DEVICE int row_heads(const MlaDecodeParams& p, const WorkItem& it) { return it.queries * heads_in_row(p); }
 // Tokens of the item head slot h sees from it.begin on: its query token's causal bound
-// (the row's last token sees it.sees, each earlier one a token less) within the item's;
-// <= 0 where it sees none of them. The kernels mask the slot's scores past it.
+// (the row's last token sees it.sees, each earlier one a token less) within the item's
+// (none of a bad item's, which reads nothing); <= 0 where it sees none of them. The
+// kernels mask the slot's scores past it.
 HIPMLA_DEVICE int slot_tokens(const MlaDecodeParams& p, const WorkItem& it, int h) {
-    const int n = it.end - it.begin;
+    const int n = it.bad ? 0 : it.end - it.begin;
     if (it.queries <= 1) return n;
     const int sees = it.sees - (it.queries - 1 - h / heads_in_row(p)) - it.begin;
     return sees < n ? sees : n;

@@ -250,10 +250,7 @@ HIPMLA_KERNEL(hipmla::BLOCK_THREADS) void HIPMLA_SPLIT_NAME(const MlaDecodeParam
     // query token of a row of several).
     int head_tokens[HEADS_PER_THREAD];
 #pragma unroll
-    for (int h = 0; h < HEADS_PER_THREAD; ++h) {
-        const int k = slot_tokens(p, it, g * HEADS_PER_THREAD + h);
-        head_tokens[h] = k < n_tokens ? k : n_tokens;
-    }
+    for (int h = 0; h < HEADS_PER_THREAD; ++h) head_tokens[h] = slot_tokens(p, it, g * HEADS_PER_THREAD + h);
 
     const float neg_inf = f32_from_bits(0xff800000u);
     const float qk_scale = p.sm_scale_log2 * (KV == FORMAT_FP8 ? p.kv_fp8_scale : 1.0f);

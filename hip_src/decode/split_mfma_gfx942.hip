@@ -91,7 +91,8 @@
 // -inf. Below 16 heads a row holds several query tokens (core/schedule.h, row_heads): a
 // head of an earlier one sees `cut` tokens fewer of the item (slot_tokens), compared as
 // my_token + cut against the same wave-uniform valid, so any tile may mask some heads and
-// a head may see none of a tile (it stays at -FLT_MAX, P = 0). report_bad_item sits at the very end, where nothing is live.
+// a head may see none of a tile (it stays at -FLT_MAX, P = 0). report_bad_item sits at
+// the very end, where nothing is live.
 // After the last tile, the owners write their heads' m and l (partial slot or LSE) and l to
 // LDS, where every wave reads its lanes' head's l to normalise its own output columns.
 #include "params.h"
@@ -494,8 +495,7 @@ HIPMLA_KERNEL(hipmla::fast942::THREADS) void HIPMLA_FAST_NAME(const MlaDecodePar
     const int my_row = lane % MFMA_N;
     // Compared `cut` tokens later where my_head, of an earlier query token of a row of
     // several, sees that many fewer of the item (slot_tokens), so `valid` stays wave-uniform.
-    const int head_n = slot_tokens(p, it, my_head);
-    const int my_token = token_of(my_row) + (head_n < n_tokens ? n_tokens - head_n : 0);
+    const int my_token = token_of(my_row) + (n_tokens - slot_tokens(p, it, my_head));
     const float* my_partial =
         reinterpret_cast<const float*>(&smem.red[0][my_head + MFMA_N * (my_row / 4)]) + my_row % 4;
     float m_run = running_max_start();  // head my_head, log2 units

@@ -503,8 +503,7 @@ HIPMLA_KERNEL(hipmla::fast950::THREADS) void HIPMLA_FAST_NAME(const MlaDecodePar
     // of its quarter; masked_score compares token_base with the quarter's valid count. Head
     // h of an earlier query token of a row of several sees `cut` tokens fewer of the item
     // (slot_tokens): its tokens are compared `cut` later, so `valid` stays wave-uniform.
-    const int head_n = slot_tokens(p, it, h);
-    const int token_base = ((g & 1) << 1) + (g >> 1) + (head_n < n_tokens ? n_tokens - head_n : 0);
+    const int token_base = ((g & 1) << 1) + (g >> 1) + (n_tokens - slot_tokens(p, it, h));
 
     float m_run = running_max_start();  // head h, log2 units; equal in the 4 lane groups
     float l_lane = 0.0f;    // head h, this lane's tokens

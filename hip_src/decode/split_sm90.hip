@@ -369,10 +369,7 @@ extern "C" __global__ void __launch_bounds__(hipmla::sm90k::THREADS, 2) HIPMLA_S
     const float qk_scale = p.sm_scale_log2 * (FP8 ? p.kv_fp8_scale : 1.0f);
     // Tokens of the item head sh sees: n, or fewer for an earlier query token of a row of
     // several (slot_tokens); its scores past them are masked.
-    const int n_sh = [&] {
-        const int k = slot_tokens(p, it, sh);
-        return k < n ? k : n;
-    }();
+    const int n_sh = slot_tokens(p, it, sh);
     // From -FLT_MAX (running_max_start): a head may see none of a tile's tokens.
     float m_run = running_max_start(), l_run = 0.0f;
     // Where the thread's alpha and P go (byte offsets in shared memory), formed once: inside
